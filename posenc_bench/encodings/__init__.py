@@ -1,0 +1,108 @@
+"""The encoding registry.
+
+Every encoding family lives in one file of this package and registers each of its encodings with
+``@register("name")``. The model only ever calls the three hooks of :class:`Encoding`
+(``embed``, ``rotate``, ``bias``) plus ``set_eval_length``; it never looks at an encoding's name.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Callable, ClassVar, Optional
+
+import torch
+from torch import nn
+
+from posenc_bench.errors import ConfigError, UnknownEncodingError
+
+REGISTRY: dict[str, type["Encoding"]] = {}
+
+# The family modules; importing them fills REGISTRY. Adding a family adds one name here.
+_FAMILIES = ("absolute", "rope", "t5", "alibi", "nope")
+
+
+class Encoding(nn.Module):
+    """A positional encoding: three hooks the model calls, all defaulting to "do nothing".
+
+    - ``embed(x, pos)``: x (B, T, C) token embeddings, pos (T,) positions -> (B, T, C).
+    - ``rotate(q, k, pos)``: q, k (B, H, T, D) -> rotated q, k.
+    - ``bias(q_pos, k_pos)``: additive attention logits (1, H, Tq, Tk), or None.
+
+    Positions count from 0 at the first token of every window.
+    """
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    # An eval-only variant names the trained encoding whose checkpoint it reuses (e.g. rope-linear -> rope).
+    trained_as: ClassVar[Optional[str]] = None
+    # True when bias() returns a tensor; the model then takes the masked SDPA path instead of the fused causal one.
+    has_bias: ClassVar[bool] = False
+
+    def __init__(self, *, d_model: int, n_heads: int, train_len: int) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.n_heads = n_heads
+        self.head_dim = d_model // n_heads
+        self.train_len = train_len
+
+    def set_eval_length(self, length: int) -> None:
+        """Called before evaluating windows of ``length`` tokens; raise PositionOutOfRange if impossible."""
+
+    def embed(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return q, k
+
+    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> Optional[torch.Tensor]:
+        return None
+
+
+def register(name: str) -> Callable[[type[Encoding]], type[Encoding]]:
+    """Class decorator: make an Encoding subclass available under ``name``."""
+
+    def decorate(cls: type[Encoding]) -> type[Encoding]:
+        if name in REGISTRY:
+            raise RuntimeError(f"encoding {name!r} is registered twice")
+        cls.name = name
+        REGISTRY[name] = cls
+        return cls
+
+    return decorate
+
+
+def _load_families() -> None:
+    for family in _FAMILIES:
+        importlib.import_module(f"posenc_bench.encodings.{family}")
+
+
+def available() -> list[str]:
+    """Registered encoding names, in registration order."""
+    _load_families()
+    return list(REGISTRY)
+
+
+def get_class(name: str) -> type[Encoding]:
+    _load_families()
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise UnknownEncodingError(
+            f"unknown encoding {name!r}; valid encodings: {', '.join(REGISTRY)}"
+        ) from None
+
+
+def build(name: str, *, d_model: int, n_heads: int, train_len: int, options: Optional[dict] = None) -> Encoding:
+    """Instantiate encoding ``name``; ``options`` are the family's keyword options (e.g. t5 num_buckets)."""
+    cls = get_class(name)
+    options = dict(options or {})
+    params = inspect.signature(cls.__init__).parameters
+    valid = [p for p in params if p not in ("self", "d_model", "n_heads", "train_len")]
+    bad = sorted(set(options) - set(valid))
+    if bad:
+        raise ConfigError(
+            f"unknown option(s) {', '.join(map(repr, bad))} for encoding {name!r}; "
+            f"valid options: {', '.join(valid) or '(none)'}"
+        )
+    return cls(d_model=d_model, n_heads=n_heads, train_len=train_len, **options)

@@ -1,0 +1,46 @@
+"""ALiBi: attention with linear biases.
+
+Press, Smith & Lewis, "Train Short, Test Long: Attention with Linear Biases Enables Input Length
+Extrapolation", ICLR 2022 (arXiv:2108.12409). Each head h adds -m_h * (i - j) to the logit of query i and
+key j. Slopes form a geometric sequence starting at 2^(-8/n) with that same ratio; for a head count n that
+is not a power of two, take the slopes of the closest smaller power of two p, then every other slope of 2p
+(the paper's reference code, sec. 3).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from posenc_bench.encodings import Encoding, register
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """(n_heads,) float32 slopes; for 8 heads 1/2, 1/4, ..., 1/256."""
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))  # 2^(-8/n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if n_heads < 1:
+        raise ValueError(f"ALiBi needs at least one head, got n_heads={n_heads}")
+    p = 2 ** math.floor(math.log2(n_heads))
+    slopes = power_of_two(p)
+    if p != n_heads:
+        slopes += power_of_two(2 * p)[0::2][: n_heads - p]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+@register("alibi")
+class ALiBi(Encoding):
+    summary = "fixed per-head linear distance penalty on attention logits; Press et al. 2022"
+    has_bias = True
+
+    def __init__(self, *, d_model: int, n_heads: int, train_len: int) -> None:
+        super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len)
+        self.slopes = alibi_slopes(n_heads)
+
+    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        relative = (k_pos[None, :] - q_pos[:, None]).to(torch.float32)  # (Tq, Tk), <= 0 for visible keys
+        return (self.slopes.to(relative.device)[:, None, None] * relative).unsqueeze(0)  # (1, H, Tq, Tk)

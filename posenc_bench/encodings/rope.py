@@ -1,0 +1,108 @@
+"""Rotary position embeddings and their scaling variants.
+
+- ``rope``: Su et al., "RoFormer: Enhanced Transformer with Rotary Position Embedding" (arXiv:2104.09864).
+  q and k are rotated by position-dependent angles pos * inv_freq, so q_m . k_n depends only on m - n.
+  We use the half-split layout of GPT-NeoX / Llama (``rotate_half``), a fixed permutation of the paper's
+  interleaved pairs, so our rotation can be checked against transformers' ``apply_rotary_pos_emb``.
+- ``rope-linear``: position interpolation, Chen et al., "Extending Context Window of Large Language Models
+  via Positional Interpolation" (arXiv:2306.15595): the trained ``rope`` model evaluated with positions
+  divided by factor = eval length / train length (never below 1). Zero-shot here; the paper fine-tunes
+  after scaling.
+
+Scaling variants are pure functions ``(head_dim, theta, ...) -> (inv_freq, attention_scale)``; all but the
+default one delegate to transformers' ``ROPE_INIT_FUNCTIONS`` rather than retyping its formulas.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from posenc_bench.encodings import Encoding, register
+
+
+def default_inv_freq(head_dim: int, theta: float = 10000.0) -> tuple[torch.Tensor, float]:
+    """RoFormer's frequencies theta^(-2i/d), i = 0 .. d/2 - 1, and attention scale 1."""
+    if head_dim % 2:
+        raise ValueError(f"RoPE needs an even head dimension, got head_dim={head_dim}")
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
+    return 1.0 / (theta**exponent), 1.0
+
+
+def hf_scaled_inv_freq(
+    rope_type: str, head_dim: int, theta: float, original_len: int, **params: float
+) -> tuple[torch.Tensor, float]:
+    """(inv_freq, attention_scale) from transformers' ``ROPE_INIT_FUNCTIONS[rope_type]``.
+
+    ``params`` are the rope_parameters of that type (e.g. ``factor=4.0``).
+    """
+    from transformers import LlamaConfig  # imported here: transformers takes seconds to import
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if head_dim % 2:
+        raise ValueError(f"RoPE needs an even head dimension, got head_dim={head_dim}")
+    config = LlamaConfig(
+        hidden_size=head_dim,
+        num_attention_heads=1,
+        head_dim=head_dim,
+        max_position_embeddings=original_len,
+        rope_parameters={"rope_type": rope_type, "rope_theta": theta, **params},
+    )
+    inv_freq, attention_scale = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
+    return inv_freq.to(torch.float32), float(attention_scale)
+
+
+def linear_inv_freq(head_dim: int, theta: float, factor: float, original_len: int) -> tuple[torch.Tensor, float]:
+    """Position interpolation: inv_freq / factor, through transformers' "linear" init function."""
+    return hf_scaled_inv_freq("linear", head_dim, theta, original_len, factor=float(factor))
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope_cos_sin(pos: torch.Tensor, inv_freq: torch.Tensor, attention_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (T, D) for positions pos (T,), angles computed in float32 as transformers does."""
+    angles = pos.to(torch.float32)[:, None] * inv_freq.to(pos.device)[None, :]  # (T, D/2)
+    angles = torch.cat((angles, angles), dim=-1)  # (T, D): half-split layout
+    return angles.cos() * attention_scale, angles.sin() * attention_scale
+
+
+@register("rope")
+class RoPE(Encoding):
+    summary = "rotary embeddings on q and k; Su et al. 2021"
+
+    def __init__(self, *, d_model: int, n_heads: int, train_len: int, theta: float = 10000.0) -> None:
+        super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len)
+        self.theta = theta
+        inv_freq, scale = default_inv_freq(self.head_dim, theta)
+        self._set_frequencies(inv_freq, scale)
+
+    def _set_frequencies(self, inv_freq: torch.Tensor, attention_scale: float) -> None:
+        self.inv_freq = inv_freq
+        self.attention_scale = attention_scale
+        self._cache: Optional[tuple[tuple, torch.Tensor, torch.Tensor]] = None
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # Every layer rotates with the same positions: build cos/sin once per (positions, device, dtype).
+        key = (pos.shape[0], int(pos[0]), int(pos[-1]), pos.device, q.dtype)
+        if self._cache is None or self._cache[0] != key:
+            cos, sin = rope_cos_sin(pos, self.inv_freq, self.attention_scale)
+            self._cache = (key, cos.to(q.dtype), sin.to(q.dtype))
+        _, cos, sin = self._cache  # (T, D), broadcast over (B, H)
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+@register("rope-linear")
+class RoPELinear(RoPE):
+    summary = "the trained rope model with positions / (eval len / train len) (position interpolation, zero-shot)"
+    trained_as = "rope"
+
+    def set_eval_length(self, length: int) -> None:
+        factor = max(1.0, length / self.train_len)
+        if factor == 1.0:
+            self._set_frequencies(*default_inv_freq(self.head_dim, self.theta))
+        else:
+            self._set_frequencies(*linear_inv_freq(self.head_dim, self.theta, factor, self.train_len))

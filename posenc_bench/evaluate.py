@@ -1,0 +1,109 @@
+"""The evaluation protocol: the same target tokens at every length; ppl, bits per byte, loss by position.
+
+1. Fixed segments of S + 1 tokens come from the held-out split (``data.eval_segments``); S is a common
+   multiple of all eval lengths (their least common multiple when that is at most 4x the longest length,
+   else the longest length, and then the last window of a shorter length is partial).
+2. For each eval length L, every segment is cut into consecutive non-overlapping windows: window w feeds
+   tokens [wL, wL + L) and scores the next token at each place, i.e. targets [wL + 1, wL + L + 1).
+3. So each target of a segment (tokens 1..S) is scored exactly once at every length, and the first input
+   token of every window is context only: it was the previous window's last target (or, for the first
+   window, the segment's leading token). This is the same for every length; only the context changes.
+4. ppl = exp(sum of target NLL / number of targets), token-weighted over all windows and segments;
+   bpb = sum NLL / ln 2 / bytes of text behind the targets (BOS targets mark document starts, 0 bytes).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+from posenc_bench.data import count_bytes
+from posenc_bench.progress import progress_bar
+
+
+def segment_length(lengths: list[int]) -> int:
+    longest = max(lengths)
+    common = math.lcm(*lengths)
+    return common if common <= 4 * longest else longest
+
+
+def windows(segments: torch.Tensor, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """[(inputs (N, l), targets (N, l)), ...] per window offset; l = length except a partial last window."""
+    S = segments.shape[1] - 1
+    out = []
+    for start in range(0, S, length):
+        end = min(S, start + length)
+        out.append((segments[:, start:end], segments[:, start + 1 : end + 1]))
+    return out
+
+
+@torch.inference_mode()
+def evaluate_length(
+    forward: Callable[[torch.Tensor], torch.Tensor],
+    segments: torch.Tensor,
+    length: int,
+    *,
+    batch_tokens: int = 16384,
+    buckets: int = 64,
+    bucket_span: Optional[int] = None,
+    device: torch.device | str = "cpu",
+    show_progress: Optional[bool] = False,
+) -> dict:
+    """Score every target of ``segments`` with windows of ``length`` tokens; ``forward(idx) -> logits``.
+
+    Returns loss (mean NLL, nats), ppl, bpb, tokens, bytes and loss_by_position: ``buckets`` equal spans of
+    window positions over [0, bucket_span) (default: length), each with its mean loss and token count.
+    """
+    span = bucket_span or length
+    width = -(-span // buckets)
+    nll_sum = torch.zeros((), dtype=torch.float64)
+    pos_sum = torch.zeros(buckets, dtype=torch.float64)
+    pos_count = torch.zeros(buckets, dtype=torch.float64)
+    n_tokens = 0
+    n_bytes = 0
+    t0 = time.perf_counter()
+    parts = windows(segments, length)
+    rows_per_batch = max(1, batch_tokens // length)
+    total = sum(-(-inp.shape[0] // rows_per_batch) for inp, _ in parts)
+    with progress_bar(total, f"eval L={length}", show_progress) as bar:
+        for inputs, targets in parts:
+            l = inputs.shape[1]
+            bucket_of = (torch.arange(l) // width).clamp(max=buckets - 1)  # (l,)
+            for i in range(0, inputs.shape[0], rows_per_batch):
+                x = inputs[i : i + rows_per_batch].to(device)
+                y = targets[i : i + rows_per_batch]
+                logits = forward(x)  # (b, l, V)
+                nll = F.cross_entropy(logits.float().flatten(0, 1), y.to(logits.device).flatten(), reduction="none")
+                nll = nll.view(y.shape).double().cpu()  # (b, l)
+                nll_sum += nll.sum()
+                pos_sum.index_add_(0, bucket_of, nll.sum(0))
+                pos_count.index_add_(0, bucket_of, torch.full((l,), float(y.shape[0]), dtype=torch.float64))
+                n_tokens += y.numel()
+                n_bytes += count_bytes(y)
+                bar.update(1)
+    expected = segments.shape[0] * (segments.shape[1] - 1)
+    if n_tokens != expected:  # the protocol's invariant: every target of every segment, once
+        raise AssertionError(f"scored {n_tokens} targets at length {length}, expected {expected}")
+    loss = float(nll_sum) / n_tokens
+    by_pos = []
+    for b in range(buckets):
+        if pos_count[b] > 0:
+            by_pos.append({
+                "start": b * width,
+                "end": min((b + 1) * width, span),
+                "loss": float(pos_sum[b] / pos_count[b]),
+                "tokens": int(pos_count[b]),
+            })
+    return {
+        "loss": loss,
+        "ppl": math.exp(loss),
+        "bpb": float(nll_sum) / math.log(2) / max(1, n_bytes),
+        "tokens": n_tokens,
+        "bytes": n_bytes,
+        "loss_by_position": by_pos,
+        "eval_time_s": time.perf_counter() - t0,
+    }

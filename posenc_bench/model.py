@@ -1,0 +1,196 @@
+"""A small decoder-only transformer (nanoGPT layout) that takes its position signal from an Encoding.
+
+Reading order: config -> attention -> block -> model. The model calls the encoding's three hooks and never
+asks which encoding it has:
+  embed(x, pos) once after the token embedding; rotate(q, k, pos) in every layer; bias(q_pos, k_pos) for the
+  attention logits (shared by all layers).
+Attention is ``F.scaled_dot_product_attention``: on its fused causal path (``is_causal=True``) when the
+encoding has no bias and there is no sliding window; otherwise with a 4-D (1, H, Tq, Tk) float mask (a 3-D
+mask sends SDPA to its slow math path), built for chunks of queries so that memory stays bounded at long
+eval lengths instead of needing a full (H, L, L) tensor per layer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from posenc_bench import encodings
+from posenc_bench.data import VOCAB_SIZE
+from posenc_bench.errors import ConfigError
+
+
+@dataclass
+class ModelConfig:
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    mlp_ratio: int = 4
+    vocab_size: int = VOCAB_SIZE
+    # per-encoding keyword options, e.g. {"t5": {"num_buckets": 32}, "rope": {"theta": 10000.0}}
+    encoding_options: dict = field(default_factory=dict)
+
+
+class AttentionPlan:
+    """How one forward pass at length T runs attention: query chunks and their masks, shared by all layers.
+
+    Chunk i covers queries [qs, qe) and keys [ks, qe). Masks of a single chunk are built once per forward;
+    with several chunks each layer rebuilds them, so at most one chunk's mask is alive at a time.
+    """
+
+    def __init__(self, encoding: encodings.Encoding, pos: torch.Tensor, window: Optional[int], max_mask_bytes: int):
+        self.encoding = encoding
+        self.pos = pos
+        self.window = window
+        T = pos.shape[0]
+        self.fused = not encoding.has_bias and window is None
+        if self.fused:
+            self.chunks = [(0, T, 0)]
+        else:
+            row_bytes = 4 * max(1, encoding.n_heads if encoding.has_bias else 1) * T
+            size = max(1, min(T, max_mask_bytes // row_bytes))
+            self.chunks = []
+            for qs in range(0, T, size):
+                qe = min(T, qs + size)
+                ks = 0 if window is None else max(0, qs - window + 1)
+                self.chunks.append((qs, qe, ks))
+        self._cached: Optional[torch.Tensor] = None
+
+    def mask(self, i: int, dtype: torch.dtype) -> Optional[torch.Tensor]:
+        if self.fused:
+            return None
+        if len(self.chunks) == 1 and self._cached is not None:
+            return self._cached.to(dtype)
+        qs, qe, ks = self.chunks[i]
+        q_pos, k_pos = self.pos[qs:qe], self.pos[ks:qe]
+        rel = k_pos[None, :] - q_pos[:, None]  # (q, k): key minus query position
+        allowed = rel <= 0
+        if self.window is not None:
+            allowed = allowed & (rel > -self.window)
+        bias = self.encoding.bias(q_pos, k_pos)  # (1, H, q, k) or None
+        if bias is None:
+            mask = torch.zeros(1, 1, *allowed.shape, device=self.pos.device)
+        else:
+            mask = bias.float()
+        mask = mask.masked_fill(~allowed, float("-inf"))  # (1, H or 1, q, k)
+        if len(self.chunks) == 1:
+            self._cached = mask
+        return mask.to(dtype)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, encoding: encodings.Encoding, plan: AttentionPlan) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)
+        # (B, T, C) -> (B, H, T, D)
+        q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v))
+        q, k = encoding.rotate(q, k, plan.pos)
+        if plan.fused:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            outs = []
+            for i, (qs, qe, ks) in enumerate(plan.chunks):
+                mask = plan.mask(i, q.dtype)  # (1, H or 1, qe - qs, qe - ks)
+                outs.append(F.scaled_dot_product_attention(q[:, :, qs:qe], k[:, :, ks:qe], v[:, :, ks:qe], attn_mask=mask))
+            y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+        y = y.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
+        return self.proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model, bias=False)
+        self.proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, encoding: encodings.Encoding, plan: AttentionPlan) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x), encoding, plan)
+        return x + self.mlp(self.ln2(x))
+
+
+class DecoderLM(nn.Module):
+    """Token embedding -> encoding.embed -> n pre-LN blocks -> LayerNorm -> tied LM head."""
+
+    def __init__(self, cfg: ModelConfig, encoding: str, train_len: int, *, window: Optional[int] = None,
+                 seed: int = 0, max_mask_bytes: int = 64 << 20) -> None:
+        super().__init__()
+        validate_shape(cfg, encoding)
+        self.cfg = cfg
+        self.window = window
+        self.max_mask_bytes = max_mask_bytes
+        # Shared weights are drawn first from `seed`, so every encoding starts from the same core model;
+        # the encoding's own parameters come from a separate stream that does not disturb it.
+        torch.manual_seed(seed)
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.tok_emb.weight  # weight tying
+        self._init_weights()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed + 1_000_003)
+            self.encoding = build_encoding(cfg, encoding, train_len)
+
+    def _init_weights(self) -> None:
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                std = 0.02 / math.sqrt(2 * self.cfg.n_layers) if name.endswith("proj.weight") else 0.02
+                nn.init.normal_(p, mean=0.0, std=std)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        """idx (B, T) token ids -> logits (B, T, vocab)."""
+        B, T = idx.shape
+        pos = torch.arange(T, device=idx.device)  # (T,)
+        x = self.encoding.embed(self.tok_emb(idx), pos)  # (B, T, C)
+        plan = AttentionPlan(self.encoding, pos, self.window, self.max_mask_bytes)
+        for block in self.blocks:
+            x = block(x, self.encoding, plan)
+        return self.lm_head(self.ln_f(x))
+
+
+def build_encoding(cfg: ModelConfig, encoding: str, train_len: int) -> encodings.Encoding:
+    """The encoding with its options from cfg.encoding_options (an eval-only variant inherits its base's)."""
+    trained_as = encodings.get_class(encoding).trained_as
+    options = {**cfg.encoding_options.get(trained_as, {}), **cfg.encoding_options.get(encoding, {})}
+    try:
+        return encodings.build(encoding, d_model=cfg.d_model, n_heads=cfg.n_heads, train_len=train_len, options=options)
+    except ConfigError:
+        raise
+    except ValueError as e:  # an encoding's own shape check, e.g. RoPE on an odd head dimension
+        raise ConfigError(f"encoding {encoding!r} cannot be built for this model: {e}") from None
+
+
+def validate_shape(cfg: ModelConfig, encoding: str) -> None:
+    """Raise ConfigError for shapes the model cannot take (or an unknown encoding), naming the value."""
+    encodings.get_class(encoding)
+    if cfg.d_model < 1 or cfg.n_heads < 1 or cfg.n_layers < 1:
+        raise ConfigError(f"model.d_model, n_heads, n_layers must be >= 1, got {cfg.d_model}, {cfg.n_heads}, {cfg.n_layers}")
+    if cfg.d_model % cfg.n_heads:
+        divisors = [h for h in range(1, cfg.d_model + 1) if cfg.d_model % h == 0 and h <= 64]
+        raise ConfigError(
+            f"model.n_heads={cfg.n_heads} does not divide model.d_model={cfg.d_model}; "
+            f"valid head counts: {', '.join(map(str, divisors))}"
+        )

@@ -1,0 +1,111 @@
+"""Tables built from results records alone: the ppl table (mean +- std over seeds) and ratios to 1x."""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import pandas as pd
+from tabulate import tabulate
+
+
+def _fmt_ratio(r: float) -> str:
+    return f"{r:g}x" if r == int(r) else f"{r:.3g}x"
+
+
+def records_frame(records: Iterable[dict]) -> pd.DataFrame:
+    cols = ["encoding", "seed", "train_len", "eval_len", "ratio", "status", "reason", "ppl", "bpb", "loss", "tokens"]
+    return pd.DataFrame([{c: r.get(c) for c in cols} for r in records], columns=cols)
+
+
+def _cell(group: pd.DataFrame, value: str, digits: int) -> str:
+    ok = group[group["status"] == "ok"]
+    if len(ok) == 0:
+        return "diverged" if (group["status"] == "diverged").any() else "n/a"
+    vals = ok[value].astype(float)
+    text = f"{vals.mean():.{digits}f}"
+    if len(vals) > 1:
+        text += f" ± {vals.std(ddof=1):.{digits}f}"
+    if len(ok) < len(group):
+        text += f" ({len(ok)}/{len(group)} seeds)"
+    return text
+
+
+def ppl_table(records: list[dict], *, value: str = "ppl", relative: bool = False, digits: int = 2,
+              row_order: list[str] | None = None) -> tuple[pd.DataFrame, list[str]]:
+    """Rows: encodings; columns: eval lengths as '<k>x (<L>)'. Returns (frame of strings, footnotes).
+
+    relative=True divides each seed's value by the same seed's value at the train length (the 1x column).
+    """
+    df = records_frame(records)
+    if df.empty:
+        return pd.DataFrame(), []
+    if relative:
+        ref = df[df["eval_len"] == df["train_len"]].set_index(["encoding", "seed"])[value]
+        df[value] = [
+            (v / ref.get((e, s), math.nan)) if st == "ok" else v
+            for v, e, s, st in zip(df[value], df["encoding"], df["seed"], df["status"])
+        ]
+    rows = row_order or list(dict.fromkeys(df["encoding"]))
+    rows = [r for r in rows if r in set(df["encoding"])]
+    lengths = sorted(set(df["eval_len"]))
+    train_lens = dict(zip(df["eval_len"], df["train_len"]))
+    headers = [f"{_fmt_ratio(L / train_lens[L])} ({L})" for L in lengths]
+    table = pd.DataFrame(index=rows, columns=headers, dtype=object)
+    notes: dict[str, str] = {}
+    for enc in rows:
+        for L, h in zip(lengths, headers):
+            group = df[(df["encoding"] == enc) & (df["eval_len"] == L)]
+            if group.empty:
+                table.loc[enc, h] = ""
+                continue
+            text = _cell(group, value, digits)
+            bad = group[group["status"] != "ok"]
+            if len(bad):
+                reason = str(bad["reason"].iloc[0])
+                mark = notes.setdefault(reason, f"[{len(notes) + 1}]")
+                text += f" {mark}"
+            table.loc[enc, h] = text
+    table.index.name = "encoding"
+    footnotes = [f"{mark} {reason}" for reason, mark in notes.items()]
+    return table, footnotes
+
+
+def markdown(table: pd.DataFrame, footnotes: list[str], caption: str = "") -> str:
+    out = []
+    if caption:
+        out += [caption, ""]
+    out.append(tabulate(table, headers="keys", tablefmt="github", stralign="right", disable_numparse=True))
+    if footnotes:
+        out += [""] + footnotes
+    return "\n".join(out) + "\n"
+
+
+def caption(run: dict) -> str:
+    cfg = run["config"]
+    m, t = cfg["model"], cfg["train"]
+    seeds = cfg["seeds"]
+    return (
+        f"Byte-level LM, {run.get('params', '?'):,} parameters ({m['n_layers']} layers, width {m['d_model']}, "
+        f"{m['n_heads']} heads), trained {t['steps']} steps x {t['batch_size']} x {t['train_len']} tokens "
+        f"(lr {t['lr']:g}); corpus {run['corpus']['source']} ({run['corpus']['fingerprint']}), "
+        f"{run['eval_tokens']:,} {cfg['eval']['split']} tokens scored at every length "
+        f"(eval {run['eval_fingerprint']}); seeds {','.join(map(str, seeds))}; device {run['device']}; "
+        f"torch {run['versions']['torch']}; commit {run['git_commit'][:12]}."
+    )
+
+
+def results_markdown(data: dict) -> str:
+    rows = data["run"].get("rows")
+    ppl, notes = ppl_table(data["records"], row_order=rows)
+    rel, rel_notes = ppl_table(data["records"], relative=True, row_order=rows)
+    return (
+        "Perplexity (lower is better; columns: eval length as a multiple of the train length):\n\n"
+        + markdown(ppl, notes, caption(data["run"]))
+        + "\nPerplexity relative to the same model at the train length (1x):\n\n"
+        + markdown(rel, rel_notes)
+    )
+
+
+def results_csv(data: dict) -> str:
+    return records_frame(data["records"]).to_csv(index=False)

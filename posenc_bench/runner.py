@@ -1,0 +1,281 @@
+"""The sweep: for every (encoding row, seed) cell, train (or reuse the checkpoint), evaluate at every length,
+and write records. Finished cells are skipped on a rerun; results files are rewritten atomically after each.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import subprocess
+import time
+from dataclasses import asdict
+from importlib import metadata
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import yaml
+
+from posenc_bench import __version__, encodings
+from posenc_bench.config import RunConfig, cell_key, eval_key, parse_row
+from posenc_bench.data import TrainBatches, eval_segments, load_corpus, tokens_fingerprint
+from posenc_bench.errors import ConfigError, PositionOutOfRange
+from posenc_bench.evaluate import evaluate_length, segment_length
+from posenc_bench.model import DecoderLM
+from posenc_bench.report import results_csv, results_markdown
+from posenc_bench.results import ResultsStore, atomic_write_text, read_results
+from posenc_bench.train import TrainOutcome, train
+
+# Config sections that must match for records in one output folder to belong to one table.
+_IDENTITY_KEYS = ("model", "train", "data", "window")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"device {name!r} requested but CUDA is not available (torch {torch.__version__}, "
+                f"built with CUDA {torch.version.cuda}); valid devices here: cpu, auto"
+            )
+        return torch.device(name)
+    if name == "cpu":
+        return torch.device("cpu")
+    raise ConfigError(f"unknown device {name!r}; valid devices: auto, cpu, cuda, cuda:N")
+
+
+def git_commit() -> str:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        if sha.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return sha.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version(), "posenc_bench": __version__, "torch": torch.__version__}
+    for pkg in ("transformers", "numpy"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def device_description(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return f"cpu:{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
+
+
+def _checkpoint_dir(out: Path, trained_as: str, window: Optional[int], seed: int) -> Path:
+    return out / "checkpoints" / f"{trained_as}{'' if window is None else f'+sw{window}'}-seed{seed}"
+
+
+def load_checkpoint(path: Path, key: str) -> Optional[tuple[dict, Optional[Path]]]:
+    """(meta, weights file or None for a diverged run) if ``path`` holds a finished run with this key."""
+    meta_path = path / "config.json"
+    if not meta_path.is_file():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text())
+    except json.JSONDecodeError:
+        return None
+    if meta.get("cell_key") != key:
+        return None
+    if meta["outcome"]["status"] != "ok":
+        return meta, None
+    weights = path / "model.safetensors"
+    if not weights.is_file():
+        return None
+    return meta, weights
+
+
+def save_checkpoint(path: Path, model: Optional[torch.nn.Module], meta: dict) -> None:
+    from safetensors.torch import save_model
+
+    path.mkdir(parents=True, exist_ok=True)
+    if model is not None:
+        tmp = path / ".model.safetensors.tmp"
+        save_model(model, str(tmp))  # handles the tied embedding / LM head
+        tmp.replace(path / "model.safetensors")
+    atomic_write_text(path / "config.json", json.dumps(meta, indent=1) + "\n")
+
+
+class Sweep:
+    """One `posenc-bench run`: data and metadata prepared once, then cells trained and evaluated in order."""
+
+    def __init__(self, cfg: RunConfig, *, log: Callable[[str], None] = print, show_progress: Optional[bool] = None):
+        self.cfg = cfg
+        self.log = log
+        self.show_progress = show_progress
+        self.out = Path(cfg.out)
+        self.device = resolve_device(cfg.device)
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.autocast = {"fp32": None, "bf16": torch.bfloat16}[cfg.precision]
+        self.lengths = cfg.eval_lengths()
+        self.corpus = load_corpus(cfg.data.source, valid_fraction=cfg.data.valid_fraction,
+                                  test_fraction=cfg.data.test_fraction, text_field=cfg.data.text_field)
+        self.segment_len = segment_length(self.lengths)
+        self.segments = eval_segments(self.corpus.stream(cfg.eval.split), self.segment_len, cfg.eval.tokens)
+        self._train_stream: Optional[torch.Tensor] = None
+        self.run_meta = {
+            "config": cfg.to_dict(),
+            "rows": cfg.rows(),
+            "eval_lengths": self.lengths,
+            "segment_len": self.segment_len,
+            "eval_tokens": int(self.segments.shape[0] * self.segment_len),
+            "eval_fingerprint": tokens_fingerprint(self.segments),
+            "corpus": self.corpus.describe(),
+            "params": sum(p.numel() for p in DecoderLM(cfg.model, "nope", cfg.train.train_len).parameters()),
+            "versions": versions(),
+            "device": device_description(self.device),
+            "git_commit": git_commit(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        self.store = self._open_store()
+
+    # ---- results folder ------------------------------------------------------------------------------
+    def _open_store(self) -> ResultsStore:
+        path = self.out / "results.json"
+        if not path.exists():
+            return ResultsStore(path, self.run_meta)
+        old = read_results(path)
+        old_cfg, new_cfg = old["run"]["config"], self.run_meta["config"]
+        for key in _IDENTITY_KEYS:
+            if old_cfg.get(key) != new_cfg.get(key):
+                raise ConfigError(
+                    f"{path} holds results made with a different {key!r} config "
+                    f"({old_cfg.get(key)!r} there, {new_cfg.get(key)!r} now); use another --out, or delete that "
+                    "folder to start over"
+                )
+        if old["run"]["eval_fingerprint"] != self.run_meta["eval_fingerprint"]:
+            raise ConfigError(
+                f"{path} was evaluated on other tokens (eval fingerprint {old['run']['eval_fingerprint']}, now "
+                f"{self.run_meta['eval_fingerprint']}: eval lengths, eval.tokens or the corpus changed); "
+                "use another --out, or delete that folder to start over"
+            )
+        # Keep the rows of earlier invocations in the table, in their order, then the new ones.
+        self.run_meta["rows"] = list(dict.fromkeys(old["run"].get("rows", []) + self.run_meta["rows"]))
+        self.run_meta["config"]["encodings"] = list(dict.fromkeys(old_cfg["encodings"] + new_cfg["encodings"]))
+        self.run_meta["config"]["seeds"] = sorted(set(old_cfg["seeds"]) | set(new_cfg["seeds"]))
+        return ResultsStore(path, self.run_meta, old["records"])
+
+    def _train_batches(self, seed: int) -> TrainBatches:
+        if self._train_stream is None:
+            self._train_stream = self.corpus.stream("train")
+        return TrainBatches(self._train_stream, self.cfg.train.train_len, self.cfg.train.batch_size, seed)
+
+    # ---- one cell ------------------------------------------------------------------------------------
+    def trained_model(self, name: str, window: Optional[int], seed: int) -> tuple[Optional[DecoderLM], dict]:
+        """The trained model of a cell (reused from its checkpoint when finished before) and its meta."""
+        cfg = self.cfg
+        trained_as = encodings.get_class(name).trained_as or name
+        key = cell_key(cfg, trained_as, window, seed)
+        ckpt = _checkpoint_dir(self.out, trained_as, window, seed)
+        model = DecoderLM(cfg.model, name, cfg.train.train_len, window=window, seed=seed,
+                          max_mask_bytes=cfg.max_mask_bytes)
+        found = load_checkpoint(ckpt, key)
+        if found is not None:
+            meta, weights = found
+            self.log(f"  {trained_as}{'' if window is None else f'+sw{window}'} seed {seed}: reusing checkpoint {ckpt}")
+            if weights is None:
+                return None, meta
+            from safetensors.torch import load_model
+
+            load_model(model, str(weights))  # strict: every tensor must fit
+            return model.to(self.device), meta
+        if trained_as != name:  # eval-only variant: train the encoding it is evaluated on top of
+            base, meta = self.trained_model(trained_as, window, seed)
+            if base is not None:
+                model.load_state_dict(base.state_dict())
+                return model.to(self.device), meta
+            return None, meta
+        label = f"{name}{'' if window is None else f'+sw{window}'} seed {seed}"
+        outcome: TrainOutcome = train(model, self._train_batches(seed), cfg.train, device=self.device,
+                                      autocast_dtype=self.autocast, show_progress=self.show_progress, desc=label)
+        meta = {"cell_key": key, "encoding": trained_as, "window": window, "seed": seed,
+                "config": cfg.to_dict(), "corpus_fingerprint": self.corpus.fingerprint, "outcome": asdict(outcome)}
+        save_checkpoint(ckpt, model if outcome.status == "ok" else None, meta)
+        if outcome.status == "ok":
+            self.log(f"  {label}: trained {outcome.steps} steps in {outcome.time_s:.0f}s, final train loss {outcome.final_loss:.3f}")
+            return model, meta
+        self.log(f"  {label}: {outcome.reason}")
+        return None, meta
+
+    def run_cell(self, row: str, seed: int) -> list[dict]:
+        cfg = self.cfg
+        name, window = parse_row(row)
+        key = cell_key(cfg, encodings.get_class(name).trained_as or name, window, seed)
+        ekey = eval_key(cfg)
+        done = self.store.cell(row, seed)
+        if done and {r["eval_len"] for r in done} >= set(self.lengths) and all(
+            r["cell_key"] == key and r["eval_key"] == ekey for r in done
+        ):
+            self.log(f"  {row} seed {seed}: done before, skipped")
+            return done
+        model, meta = self.trained_model(name, window, seed)
+        outcome = meta["outcome"]
+        records = []
+        for L in self.lengths:
+            rec = {
+                "encoding": row, "base_encoding": name, "window": window, "seed": seed,
+                "train_len": cfg.train.train_len, "eval_len": L, "ratio": L / cfg.train.train_len,
+                "status": "ok", "reason": "", "ppl": None, "bpb": None, "loss": None, "tokens": None,
+                "train_time_s": round(outcome["time_s"], 2), "train_tokens_per_s": round(outcome["tokens_per_s"], 1),
+                "train_final_loss": outcome["final_loss"], "train_curve": outcome["curve"],
+                "cell_key": key, "eval_key": ekey, "corpus_fingerprint": self.corpus.fingerprint,
+                "eval_fingerprint": self.run_meta["eval_fingerprint"], "git_commit": self.run_meta["git_commit"],
+                "device": self.run_meta["device"], "versions": self.run_meta["versions"], "config": cfg.to_dict(),
+            }
+            if model is None:
+                rec.update(status="diverged", reason=outcome["reason"], last_finite_loss=outcome["last_finite_loss"])
+                records.append(rec)
+                continue
+            try:
+                model.encoding.set_eval_length(L)
+                model.eval()
+                with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
+                    res = evaluate_length(model, self.segments, L, batch_tokens=cfg.eval.batch_tokens,
+                                          buckets=cfg.eval.position_buckets, bucket_span=max(self.lengths),
+                                          device=self.device, show_progress=self.show_progress)
+            except PositionOutOfRange as e:
+                rec.update(status="n/a", reason=str(e))
+                records.append(rec)
+                continue
+            rec.update({k: res[k] for k in ("ppl", "bpb", "loss", "tokens", "bytes", "loss_by_position", "eval_time_s")})
+            records.append(rec)
+        shown = ", ".join(
+            f"{r['eval_len']}: {r['ppl']:.3f}" if r["status"] == "ok" else f"{r['eval_len']}: {r['status']}" for r in records
+        )
+        self.log(f"  {row} seed {seed}: ppl {shown}")
+        self.store.put_cell(row, seed, records)
+        return records
+
+    def run(self) -> dict:
+        self.out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.out / "config.yaml", yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
+        self.store.save()
+        cells = self.cfg.cells()
+        self.log(f"posenc-bench run: {len(cells)} cell(s), eval lengths {self.lengths}, "
+                 f"{self.run_meta['eval_tokens']:,} target tokens each, device {self.run_meta['device']}, out {self.out}")
+        for row, seed in cells:
+            self.run_cell(row, seed)
+        data = {"schema_version": 1, "run": self.store.run, "records": self.store.records}
+        atomic_write_text(self.out / "results.csv", results_csv(data))
+        atomic_write_text(self.out / "table.md", results_markdown(data))
+        return data
+
+
+def remove_outputs(out: Path) -> None:
+    """Delete a results folder (``run --fresh``)."""
+    if out.exists():
+        shutil.rmtree(out)

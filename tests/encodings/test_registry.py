@@ -1,0 +1,93 @@
+"""Shared tests over every registered encoding: shapes, causality, running past the train length."""
+
+import pytest
+import torch
+
+from posenc_bench import encodings
+from posenc_bench.errors import PositionOutOfRange, UnknownEncodingError
+from posenc_bench.model import DecoderLM, ModelConfig
+
+NAMES = encodings.available()
+TRAIN_LEN = 16
+
+
+def test_registry_has_the_interface_names():
+    assert set(NAMES) >= {"sinusoidal", "learned", "t5", "rope", "rope-linear", "alibi", "nope"}
+
+
+def test_unknown_encoding_names_the_value_and_the_valid_ones():
+    with pytest.raises(UnknownEncodingError) as e:
+        encodings.get_class("rotary")
+    msg = str(e.value)
+    assert "'rotary'" in msg
+    for name in NAMES:
+        assert name in msg
+
+
+def test_every_encoding_has_a_summary_and_a_paper_docstring():
+    for name in NAMES:
+        cls = encodings.get_class(name)
+        assert cls.summary
+        module_doc = __import__(cls.__module__, fromlist=["_"]).__doc__
+        assert module_doc and ("arXiv" in module_doc or "et al." in module_doc), name
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("window", [None, 5])
+def test_shapes_and_causality(name, window, tiny_cfg):
+    model = DecoderLM(tiny_cfg, name, TRAIN_LEN, window=window, seed=0).eval()
+    x = torch.randint(0, 256, (2, TRAIN_LEN))
+    with torch.no_grad():
+        logits = model(x)
+        assert logits.shape == (2, TRAIN_LEN, tiny_cfg.vocab_size)
+        assert torch.isfinite(logits).all()
+        # changing tokens after position 9 must not change outputs at positions <= 9
+        y = x.clone()
+        y[:, 10:] = torch.randint(0, 256, (2, TRAIN_LEN - 10))
+        assert torch.equal(model(y)[:, :10], logits[:, :10])
+        assert not torch.allclose(model(y)[:, 10:], logits[:, 10:])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_past_the_train_length(name, tiny_cfg):
+    """Every encoding either runs at 4x the train length or raises the named PositionOutOfRange."""
+    model = DecoderLM(tiny_cfg, name, TRAIN_LEN, seed=0).eval()
+    x = torch.randint(0, 256, (1, 4 * TRAIN_LEN))
+    try:
+        model.encoding.set_eval_length(4 * TRAIN_LEN)
+    except PositionOutOfRange as e:
+        assert name == "learned"
+        assert str(TRAIN_LEN) in str(e)
+        with pytest.raises(PositionOutOfRange):
+            model(x)
+        return
+    with torch.no_grad():
+        logits = model(x)
+    assert logits.shape == (1, 4 * TRAIN_LEN, tiny_cfg.vocab_size)
+    assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_shared_weights_start_identical_across_encodings(name, tiny_cfg):
+    """Encodings differ only in the encoding: every shared parameter is initialised the same."""
+    ref = DecoderLM(tiny_cfg, "nope", TRAIN_LEN, seed=3).state_dict()
+    other = DecoderLM(tiny_cfg, name, TRAIN_LEN, seed=3).state_dict()
+    for key, value in ref.items():
+        assert torch.equal(other[key], value), key
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_encoding_parameters_receive_gradients(name, tiny_cfg):
+    model = DecoderLM(tiny_cfg, name, TRAIN_LEN, seed=0)
+    x = torch.randint(0, 256, (2, TRAIN_LEN + 1))
+    loss = torch.nn.functional.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+    loss.backward()
+    for pname, p in model.encoding.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, f"{name}.{pname} gets no gradient"
+
+
+def test_unknown_option_is_refused():
+    from posenc_bench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="num_buckets"):
+        encodings.build("t5", d_model=32, n_heads=4, train_len=8, options={"buckets": 8})

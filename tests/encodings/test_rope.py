@@ -1,0 +1,85 @@
+import math
+
+import pytest
+import torch
+
+from posenc_bench.encodings.rope import RoPE, RoPELinear, default_inv_freq, linear_inv_freq, rope_cos_sin
+
+
+def test_scores_depend_only_on_relative_position():
+    torch.manual_seed(0)
+    enc = RoPE(d_model=64, n_heads=2, train_len=64)
+    q = torch.randn(1, 2, 1, 32).expand(1, 2, 200, 32).contiguous()
+    k = torch.randn(1, 2, 1, 32).expand(1, 2, 200, 32).contiguous()
+    qr, kr = enc.rotate(q, k, torch.arange(200))
+    scores = qr @ kr.transpose(-1, -2)  # (1, 2, 200, 200)
+    for delta in (0, 3, 17, 150):
+        diag = torch.diagonal(scores, offset=-delta, dim1=-2, dim2=-1)  # all (m, m - delta)
+        assert torch.allclose(diag, diag[..., :1].expand_as(diag), atol=1e-3), delta
+    assert not torch.allclose(scores[0, 0, 10, 0], scores[0, 0, 10, 5])
+
+
+def test_rotation_preserves_norm():
+    enc = RoPE(d_model=32, n_heads=2, train_len=8)
+    q, k = torch.randn(2, 2, 50, 16), torch.randn(2, 2, 50, 16)
+    qr, kr = enc.rotate(q, k, torch.arange(50))
+    assert torch.allclose(qr.norm(dim=-1), q.norm(dim=-1), atol=1e-5)
+
+
+def test_matches_transformers_llama_rotary():
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    cfg = LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=16, max_position_embeddings=128)
+    hf = LlamaRotaryEmbedding(cfg)
+    ours = RoPE(d_model=64, n_heads=4, train_len=128)
+    assert torch.allclose(ours.inv_freq, hf.inv_freq, rtol=0, atol=0)
+    q, k = torch.randn(2, 4, 40, 16), torch.randn(2, 4, 40, 16)
+    pos = torch.arange(40)
+    cos, sin = hf(q, pos[None])
+    hq, hk = apply_rotary_pos_emb(q, k, cos, sin)
+    oq, ok = ours.rotate(q, k, pos)
+    assert torch.allclose(oq, hq, atol=1e-6) and torch.allclose(ok, hk, atol=1e-6)
+
+
+@pytest.mark.parametrize("factor", [1.5, 2.0, 4.0])
+def test_linear_scaling_is_default_over_factor_and_matches_transformers(factor):
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    base, _ = default_inv_freq(32, 10000.0)
+    scaled, scale = linear_inv_freq(32, 10000.0, factor, original_len=64)
+    assert scale == 1.0
+    assert torch.allclose(scaled, base / factor, rtol=1e-6)
+    cfg = LlamaConfig(hidden_size=128, num_attention_heads=4, max_position_embeddings=64,
+                      rope_parameters={"rope_type": "linear", "factor": factor, "rope_theta": 10000.0})
+    hf_freq, _ = ROPE_INIT_FUNCTIONS["linear"](cfg, "cpu")
+    assert torch.allclose(scaled, hf_freq, rtol=0, atol=0)
+
+
+def test_rope_linear_positions_are_interpolated():
+    """At factor f, position f*m of rope-linear is rotated exactly like position m of rope."""
+    plain = RoPE(d_model=32, n_heads=2, train_len=16)
+    pi = RoPELinear(d_model=32, n_heads=2, train_len=16)
+    pi.set_eval_length(64)  # factor 4
+    q, k = torch.randn(1, 2, 64, 16), torch.randn(1, 2, 64, 16)
+    pq, _ = pi.rotate(q, k, torch.arange(64))
+    rq, _ = plain.rotate(q[:, :, ::4], k[:, :, ::4], torch.arange(16))
+    assert torch.allclose(pq[:, :, ::4], rq, atol=1e-5)
+    pi.set_eval_length(16)  # factor back to 1: identical to rope
+    assert torch.equal(pi.rotate(q, k, torch.arange(64))[0], plain.rotate(q, k, torch.arange(64))[0])
+    pi.set_eval_length(8)  # shorter than train: never compress below factor 1
+    assert torch.equal(pi.inv_freq, plain.inv_freq)
+
+
+def test_cos_sin_angles():
+    inv, scale = default_inv_freq(8)
+    cos, sin = rope_cos_sin(torch.tensor([0, 7]), inv, scale)
+    assert torch.equal(cos[0], torch.ones(8)) and torch.equal(sin[0], torch.zeros(8))
+    assert math.isclose(float(sin[1, 0]), math.sin(7.0), rel_tol=1e-6)
+    assert math.isclose(float(cos[1, 5]), math.cos(7.0 * 10000 ** (-2 / 8)), rel_tol=1e-6)
+
+
+def test_odd_head_dim_is_refused():
+    with pytest.raises(ValueError, match="even head dimension"):
+        RoPE(d_model=36, n_heads=4, train_len=8)

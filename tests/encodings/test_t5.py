@@ -1,0 +1,36 @@
+import pytest
+import torch
+
+from posenc_bench.encodings.t5 import T5Bias, relative_position_bucket
+
+
+@pytest.mark.parametrize("num_buckets,max_distance", [(32, 128), (16, 64), (8, 20)])
+def test_buckets_match_transformers(num_buckets, max_distance):
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    q = torch.arange(600)[:, None]
+    k = torch.arange(600)[None, :]
+    rel = k - q
+    ours = relative_position_bucket(rel, num_buckets, max_distance)
+    ref = T5Attention._relative_position_bucket(rel, bidirectional=False, num_buckets=num_buckets, max_distance=max_distance)
+    assert torch.equal(ours, ref)
+
+
+def test_bucket_structure():
+    d = torch.arange(0, 1000)
+    b = relative_position_bucket(-d, 32, 128)
+    assert torch.equal(b[:16], torch.arange(16))  # exact buckets for small distances
+    assert (b[128:] == 31).all()  # everything past max_distance shares the last bucket
+    assert (b.diff() >= 0).all()
+
+
+def test_bias_looks_up_per_head_values():
+    enc = T5Bias(d_model=32, n_heads=4, train_len=16)
+    pos = torch.arange(20)
+    b = enc.bias(pos, pos)
+    assert b.shape == (1, 4, 20, 20)
+    w = enc.relative_attention_bias.weight  # (buckets, heads)
+    assert torch.equal(b[0, :, 10, 7], w[3])
+    assert torch.equal(b[0, :, 19, 19], w[0])
+    # translation invariance: the same distance gives the same bias anywhere
+    assert torch.equal(b[0, :, 15, 5], b[0, :, 12, 2])

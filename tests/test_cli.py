@@ -1,0 +1,144 @@
+"""End-to-end: `posenc-bench run` on a micro config, resume, n/a cells, bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from posenc_bench.cli import main
+
+MICRO = ["--config", "configs/ci.yaml", "--steps", "8", "--eval-tokens", "1024", "--progress", "off"]
+
+
+def run(tmp_path, *extra, out="out"):
+    return main(["run", *MICRO, "--out", str(tmp_path / out), *extra])
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("run")
+    assert main(["run", *MICRO, "--out", str(tmp / "out"), "--encodings", "rope,rope-linear,learned,alibi"]) == 0
+    return tmp / "out"
+
+
+def test_results_schema_and_files(finished):
+    data = json.loads((finished / "results.json").read_text())
+    recs = data["records"]
+    assert {(r["encoding"], r["eval_len"]) for r in recs} == {
+        (e, L) for e in ("rope", "rope-linear", "learned", "alibi") for L in (32, 48, 64, 128)
+    }
+    required = {"encoding", "seed", "train_len", "eval_len", "ratio", "ppl", "bpb", "loss", "tokens", "status",
+                "reason", "train_time_s", "eval_time_s", "config", "corpus_fingerprint", "eval_fingerprint",
+                "versions", "device", "git_commit", "loss_by_position"}
+    ok = [r for r in recs if r["status"] == "ok"]
+    assert all(required <= set(r) for r in ok)
+    tokens = {r["tokens"] for r in ok}
+    assert len(tokens) == 1  # the same target tokens at every length
+    assert data["run"]["eval_lengths"] == [32, 48, 64, 128]
+    assert (finished / "results.csv").read_text().startswith("encoding,seed,")
+    table = (finished / "table.md").read_text()
+    assert "| rope-linear |" in table.replace("  ", "") or "rope-linear" in table
+    assert "1.5x (48)" in table
+    assert list(finished.glob("**/*.tmp")) == []
+    # rope-linear reused rope's checkpoint: identical numbers at the train length
+    at1 = {r["encoding"]: r["ppl"] for r in ok if r["eval_len"] == 32}
+    assert at1["rope"] == at1["rope-linear"]
+    assert not (finished / "checkpoints" / "rope-linear-seed0").exists()
+
+
+def test_learned_past_its_table_is_na_with_reason(finished):
+    recs = json.loads((finished / "results.json").read_text())["records"]
+    learned = {r["eval_len"]: r for r in recs if r["encoding"] == "learned"}
+    assert learned[32]["status"] == "ok"
+    for L in (48, 64, 128):
+        assert learned[L]["status"] == "n/a" and "32 rows" in learned[L]["reason"] and learned[L]["ppl"] is None
+    assert "n/a [1]" in (finished / "table.md").read_text()
+
+
+def test_rerun_resumes_without_redoing_finished_cells(finished, capsys):
+    before = (finished / "results.json").read_text()
+    assert main(["run", *MICRO, "--out", str(finished), "--encodings", "rope,rope-linear,learned,alibi"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("done before, skipped") == 4
+    after = json.loads((finished / "results.json").read_text())
+    assert [r["ppl"] for r in after["records"]] == [r["ppl"] for r in json.loads(before)["records"]]
+
+
+def test_interrupted_sweep_resumes_and_reuses_checkpoints(tmp_path, capsys, monkeypatch):
+    import posenc_bench.runner as runner
+
+    calls = []
+    real = runner.Sweep.run_cell
+
+    def flaky(self, row, seed):
+        if row == "nope":
+            raise KeyboardInterrupt
+        calls.append(row)
+        return real(self, row, seed)
+
+    monkeypatch.setattr(runner.Sweep, "run_cell", flaky)
+    assert run(tmp_path, "--encodings", "alibi,nope,t5") == 130  # interrupted at the second cell
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert {r["encoding"] for r in data["records"]} == {"alibi"}
+    monkeypatch.setattr(runner.Sweep, "run_cell", real)
+    capsys.readouterr()
+    assert run(tmp_path, "--encodings", "alibi,nope,t5") == 0
+    out = capsys.readouterr().out
+    assert "alibi seed 0: done before, skipped" in out
+    assert "nope seed 0: trained" in out and "t5 seed 0: trained" in out
+
+
+def test_same_config_twice_gives_the_same_numbers(tmp_path):
+    assert run(tmp_path, "--encodings", "t5", out="a") == 0
+    assert run(tmp_path, "--encodings", "t5", out="b") == 0
+    a = json.loads((tmp_path / "a" / "results.json").read_text())["records"]
+    b = json.loads((tmp_path / "b" / "results.json").read_text())["records"]
+    assert [r["ppl"] for r in a] == [r["ppl"] for r in b]
+
+
+def test_diverged_run_is_recorded_and_the_sweep_goes_on(tmp_path):
+    assert run(tmp_path, "--encodings", "rope,rope-linear,alibi", "--lr", "80", "--set", "train.grad_clip=1e9",
+               "--set", "train.warmup_steps=1") == 0
+    recs = json.loads((tmp_path / "out" / "results.json").read_text())["records"]
+    statuses = {r["encoding"]: r["status"] for r in recs}
+    assert statuses["rope"] == "diverged" and statuses["rope-linear"] == "diverged"
+    div = [r for r in recs if r["status"] == "diverged"]
+    assert all("diverged at step" in r["reason"] for r in div)
+    assert "diverged" in (tmp_path / "out" / "table.md").read_text()
+
+
+def test_other_config_in_same_folder_is_refused(finished, capsys):
+    assert main(["run", *MICRO, "--out", str(finished), "--steps", "9", "--encodings", "rope"]) == 2
+    assert "different 'train' config" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--encodings", "rope,rotary"], "unknown encoding 'rotary'; valid encodings: sinusoidal, learned"),
+    (["--set", "model.width=3"], "unknown config key model.width; valid keys of model: d_model"),
+    (["--d-model", "36", "--encodings", "rope"], "needs an even head dimension"),
+    (["--n-heads", "5"], "n_heads=5 does not divide model.d_model=64"),
+    (["--eval-lens", "0"], "must be at least 1"),
+    (["--data", "/no/such/dir/*.txt"], "'/no/such/dir/*.txt' is not a readable file"),
+    (["--device", "cuda"] , "CUDA is not available"),
+    (["--seeds", "zero"], "--seeds 'zero'"),
+])
+def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, capsys, args, message):
+    import torch
+
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert run(tmp_path, *args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err
+    assert len(err.splitlines()) == 1
+    assert not (tmp_path / "out").exists()  # nothing half-written
+
+
+def test_list_and_console_script_exit_codes():
+    res = subprocess.run([sys.executable, "-m", "posenc_bench", "list"], capture_output=True, text=True)
+    assert res.returncode == 0
+    assert [line.split()[0] for line in res.stdout.splitlines()][:7] == [
+        "sinusoidal", "learned", "rope", "rope-linear", "t5", "alibi", "nope"]
+    bad = subprocess.run([sys.executable, "-m", "posenc_bench", "run", "--encodings", "xpos"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown encoding 'xpos'" in bad.stderr

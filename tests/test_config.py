@@ -1,0 +1,61 @@
+import pytest
+
+from posenc_bench.config import RunConfig, load_config, parse_eval_lens, parse_row
+from posenc_bench.errors import ConfigError, UnknownEncodingError
+
+
+@pytest.mark.parametrize("spec,expected", [
+    ("1,1.5,2,4x", [128, 192, 256, 512]),
+    ("4096", [128, 4096]),
+    ("2x", [128, 256]),
+    ("2x,300", [128, 256, 300]),
+    (["1x", "1.5x", "2x", "4x"], [128, 192, 256, 512]),
+    ("64", [64, 128]),
+])
+def test_eval_lens(spec, expected):
+    assert parse_eval_lens(spec, 128) == expected
+
+
+@pytest.mark.parametrize("bad,match", [("0", "at least 1"), ("-2x", "at least 1"), ("abc", "not a number"),
+                                       ("1.5", "whole number"), ("0.001x", "at least 1"),
+                                       ("300,2x", "put the multiples first")])
+def test_bad_eval_lens(bad, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_eval_lens(bad, 128)
+
+
+def test_shipped_configs_load():
+    for name in ("default", "ci", "long-2048"):
+        cfg = load_config(f"configs/{name}.yaml")
+        assert cfg.eval_lengths()[0] == cfg.train.train_len
+
+
+def test_default_yaml_equals_built_in_defaults():
+    assert load_config("configs/default.yaml").to_dict() == {**RunConfig().to_dict(), "out": "results/default"}
+
+
+def test_unknown_key_names_the_valid_keys():
+    with pytest.raises(ConfigError, match=r"unknown config key train\.learning_rate; valid keys of train: .*lr"):
+        load_config(None, {"train.learning_rate": 1e-3})
+    with pytest.raises(ConfigError, match="must be int"):
+        load_config(None, {"train.steps": "many"})
+
+
+def test_overrides_win_over_the_file():
+    cfg = load_config("configs/ci.yaml", {"train.steps": 7, "encodings": ["rope"]})
+    assert cfg.train.steps == 7 and cfg.encodings == ["rope"] and cfg.model.d_model == 64
+
+
+def test_rows_with_windows():
+    assert parse_row("rope+sw64") == ("rope", 64)
+    with pytest.raises(ConfigError, match="sw<window>"):
+        parse_row("rope+w64")
+    with pytest.raises(UnknownEncodingError, match="valid encodings"):
+        parse_row("ropey+sw4")
+    cfg = load_config(None, {"encodings": ["rope", "alibi+sw32"], "window": 16})
+    assert cfg.rows() == ["rope+sw16", "alibi+sw32"]
+
+
+def test_missing_config_file():
+    with pytest.raises(ConfigError, match="not found"):
+        load_config("configs/nope.yaml")

@@ -1,0 +1,87 @@
+import pytest
+import torch
+
+from posenc_bench import data
+from posenc_bench.errors import DataError
+
+
+@pytest.fixture(scope="module")
+def stdlib():
+    return data.load_corpus("stdlib")
+
+
+def test_stdlib_corpus_is_real_split_by_file_and_deterministic(stdlib):
+    names = {s: {n for n, _ in stdlib.splits[s]} for s in data.SPLITS}
+    assert all(names[s] for s in data.SPLITS)
+    assert not (names["train"] & names["test"]) and not (names["valid"] & names["test"])
+    every = set().union(*names.values())
+    assert "json/decoder.py" in every or "argparse.py" in every
+    assert not any(n.startswith("test/") or "/tests/" in n for n in every)
+    assert "pydoc_data/topics.py" not in every and "encodings/cp437.py" not in every  # generated
+    assert sum(len(t) for _, t in stdlib.splits["test"]) > 200_000
+    again = data.load_corpus("stdlib")
+    assert again.fingerprint == stdlib.fingerprint
+
+
+def test_split_depends_only_on_the_document_name():
+    assert data.split_of("a/b.py", 0.05, 0.05) == data.split_of("a/b.py", 0.05, 0.05)
+    splits = [data.split_of(f"doc{i}", 0.1, 0.2) for i in range(2000)]
+    assert 0.15 < splits.count("test") / 2000 < 0.25
+    assert 0.06 < splits.count("valid") / 2000 < 0.14
+
+
+def test_stream_has_bos_before_every_document():
+    c = data.Corpus("x", {"train": [("a", b"hi"), ("b", b"yo!")], "valid": [], "test": []}, "f")
+    assert c.stream("train").tolist() == [256, 104, 105, 256, 121, 111, 33]
+    with pytest.raises(DataError, match="no documents"):
+        c.stream("test")
+
+
+def test_eval_segments_are_consecutive_and_do_not_rescore():
+    stream = torch.arange(1000, dtype=torch.int16)
+    seg = data.eval_segments(stream, 100, 250)
+    assert seg.shape == (3, 101)
+    assert seg[1, 0] == seg[0, -1]  # the next segment's context token is the previous last target
+    targets = seg[:, 1:].flatten()
+    assert len(set(targets.tolist())) == targets.numel()
+    with pytest.raises(DataError, match="eval.tokens"):
+        data.eval_segments(stream, 100, 5000)
+
+
+def test_train_batches_are_seeded_and_shared():
+    stream = torch.arange(5000, dtype=torch.int16)
+    a, b = data.TrainBatches(stream, 16, 4, seed=1), data.TrainBatches(stream, 16, 4, seed=1)
+    x, y = a.next(), b.next()
+    assert torch.equal(x, y) and x.shape == (4, 17)
+    assert (x.diff(dim=1) == 1).all()  # contiguous crops
+    assert not torch.equal(data.TrainBatches(stream, 16, 4, seed=2).next(), x)
+
+
+def test_local_files_and_globs(tmp_path):
+    for i in range(30):
+        (tmp_path / f"f{i}.txt").write_text(f"document {i} " * 50)
+    by_dir = data.load_corpus(str(tmp_path))
+    by_glob = data.load_corpus(str(tmp_path / "*.txt"))
+    assert by_dir.fingerprint == by_glob.fingerprint
+    assert sum(len(v) for v in by_dir.splits.values()) == 30
+
+
+def test_unreadable_source_is_a_clear_error(tmp_path):
+    with pytest.raises(DataError, match="no/such/place.*valid sources: stdlib"):
+        data.load_corpus(str(tmp_path / "no/such/place"))
+
+
+def test_hf_datasets_loader_on_local_files(tmp_path):
+    """The real `datasets.load_dataset` path, on a local folder (no hub needed)."""
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    (folder / "train.txt").write_text("first line of text\nsecond line\n\nthird\n")
+    corpus = data.load_corpus(f"hf:{folder}")
+    docs = [t for split in corpus.splits.values() for _, t in split]
+    assert sorted(docs) == sorted([b"first line of text", b"second line", b"third"])
+    with pytest.raises(DataError, match="no column 'body'"):
+        data.load_corpus(f"hf:{folder}", text_field="body")
+
+
+def test_count_bytes_ignores_bos():
+    assert data.count_bytes(torch.tensor([256, 1, 2, 256, 3])) == 3
