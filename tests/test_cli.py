@@ -8,7 +8,7 @@ import pytest
 
 from posenc_bench.cli import main
 
-MICRO = ["--config", "configs/ci.yaml", "--steps", "8", "--eval-tokens", "1024", "--progress", "off"]
+MICRO = ["--config", "configs/ci.yaml", "--train-len", "32", "--steps", "8", "--eval-tokens", "1024", "--progress", "off"]
 
 
 def run(tmp_path, *extra, out="out"):
@@ -18,16 +18,21 @@ def run(tmp_path, *extra, out="out"):
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("run")
-    assert main(["run", *MICRO, "--out", str(tmp / "out"), "--encodings", "rope,rope-linear,learned,alibi"]) == 0
+    assert main(["run", *MICRO, "--out", str(tmp / "out"), "--encodings", ROWS]) == 0
     return tmp / "out"
+
+
+ROWS = "rope,rope-linear,learned,alibi,nope+sw16"
 
 
 def test_results_schema_and_files(finished):
     data = json.loads((finished / "results.json").read_text())
     recs = data["records"]
     assert {(r["encoding"], r["eval_len"]) for r in recs} == {
-        (e, L) for e in ("rope", "rope-linear", "learned", "alibi") for L in (32, 48, 64, 128)
+        (e, L) for e in ("rope", "rope-linear", "learned", "alibi", "nope+sw16") for L in (32, 48, 64, 128)
     }
+    windowed = [r for r in recs if r["encoding"] == "nope+sw16"]
+    assert all(r["window"] == 16 and r["base_encoding"] == "nope" and r["status"] == "ok" for r in windowed)
     required = {"encoding", "seed", "train_len", "eval_len", "ratio", "ppl", "bpb", "loss", "tokens", "status",
                 "reason", "train_time_s", "eval_time_s", "config", "corpus_fingerprint", "eval_fingerprint",
                 "versions", "device", "git_commit", "loss_by_position"}
@@ -58,9 +63,9 @@ def test_learned_past_its_table_is_na_with_reason(finished):
 
 def test_rerun_resumes_without_redoing_finished_cells(finished, capsys):
     before = (finished / "results.json").read_text()
-    assert main(["run", *MICRO, "--out", str(finished), "--encodings", "rope,rope-linear,learned,alibi"]) == 0
+    assert main(["run", *MICRO, "--out", str(finished), "--encodings", ROWS]) == 0
     out = capsys.readouterr().out
-    assert out.count("done before, skipped") == 4
+    assert out.count("done before, skipped") == 5
     after = json.loads((finished / "results.json").read_text())
     assert [r["ppl"] for r in after["records"]] == [r["ppl"] for r in json.loads(before)["records"]]
 
