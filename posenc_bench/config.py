@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -18,6 +19,7 @@ import yaml
 
 from posenc_bench import encodings
 from posenc_bench.errors import ConfigError
+from posenc_bench.data import VOCAB_SIZE
 from posenc_bench.model import ModelConfig
 
 DEFAULT_EVAL_LENS = ["1x", "1.5x", "2x", "4x"]
@@ -151,11 +153,15 @@ def _from_dict(cls: type, data: dict, where: str) -> Any:
         )
     kwargs = {}
     defaults = cls()
+    hints = typing.get_type_hints(cls)
     for name, value in data.items():
         default = getattr(defaults, name)
         key = f"{where}.{name}" if where else name
         if dataclasses.is_dataclass(default):
             kwargs[name] = _from_dict(type(default), value, key)
+        elif default is None and value is not None:  # Optional[int] and the like: check against the hint
+            inner = [a for a in typing.get_args(hints[name]) if a is not type(None)]
+            kwargs[name] = _coerce(value, inner[0](), key) if inner else value
         else:
             kwargs[name] = _coerce(value, default, key)
     return dataclasses.replace(defaults, **kwargs)
@@ -184,10 +190,15 @@ def _coerce(value: Any, default: Any, key: str) -> Any:
         if isinstance(value, (str, int, float)):
             return str(value)
     elif isinstance(default, list):
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        elif isinstance(value, (int, float)):
+            value = [value]
         if isinstance(value, (list, tuple)):
-            return list(value)
-        if isinstance(value, (str, int, float)):
-            return [v.strip() for v in str(value).split(",")] if isinstance(value, str) else [value]
+            value = list(value)
+            if default:  # a typed list (e.g. betas): coerce every element like the default's first
+                value = [_coerce(v, default[0], f"{key}[{i}]") for i, v in enumerate(value)]
+            return value
     elif isinstance(default, dict):
         if isinstance(value, dict):
             return value
@@ -229,26 +240,42 @@ def validate(cfg: RunConfig) -> None:
 
     if not cfg.encodings:
         raise ConfigError(f"no encodings selected; valid encodings: {', '.join(encodings.available())}")
+    if cfg.precision not in ("fp32", "bf16"):
+        raise ConfigError(f"precision {cfg.precision!r} is not supported; valid: fp32, bf16")
+    for name, options in cfg.model.encoding_options.items():
+        cls = encodings.get_class(name)
+        if not isinstance(options, dict):
+            raise ConfigError(f"model.encoding_options.{name} must be a mapping of options, got {options!r}")
+        if cls.trained_as:
+            raise ConfigError(
+                f"model.encoding_options.{name}: {name!r} evaluates the trained {cls.trained_as!r} model and takes "
+                f"its options; set them under model.encoding_options.{cls.trained_as}"
+            )
+    if cfg.window is not None and cfg.window < 1:
+        raise ConfigError(f"window must be >= 1 token, got {cfg.window}")
+    if cfg.threads is not None and cfg.threads < 1:
+        raise ConfigError(f"threads must be >= 1, got {cfg.threads}")
+    if cfg.model.vocab_size < VOCAB_SIZE:
+        raise ConfigError(f"model.vocab_size must be at least {VOCAB_SIZE} (256 bytes + BOS), got {cfg.model.vocab_size}")
     for spec in cfg.encodings:
         name, _ = parse_row(spec)
         validate_shape(cfg.model, name)
         build_encoding(cfg.model, name, cfg.train.train_len)  # the encoding's own checks and options
-    if cfg.precision not in ("fp32", "bf16"):
-        raise ConfigError(f"precision {cfg.precision!r} is not supported; valid: fp32, bf16")
-    for name, options in cfg.model.encoding_options.items():
-        encodings.get_class(name)
-        if not isinstance(options, dict):
-            raise ConfigError(f"model.encoding_options.{name} must be a mapping of options, got {options!r}")
-    if cfg.window is not None and cfg.window < 1:
-        raise ConfigError(f"window must be >= 1 token, got {cfg.window}")
     if not cfg.seeds or any(not isinstance(s, int) or s < 0 for s in cfg.seeds):
         raise ConfigError(f"seeds must be non-negative integers, got {cfg.seeds!r}")
     t = cfg.train
-    for key in ("train_len", "batch_size", "steps"):
+    for key in ("train_len", "batch_size", "steps", "log_every"):
         if getattr(t, key) < 1:
             raise ConfigError(f"train.{key} must be >= 1, got {getattr(t, key)}")
-    if t.lr <= 0 or not math.isfinite(t.lr):
-        raise ConfigError(f"train.lr must be a positive number, got {t.lr}")
+    for key in ("lr", "grad_clip"):
+        if not (getattr(t, key) > 0 and math.isfinite(getattr(t, key))):
+            raise ConfigError(f"train.{key} must be a positive number, got {getattr(t, key)}")
+    if t.warmup_steps < 0 or not 0 <= t.min_lr_ratio <= 1 or t.weight_decay < 0:
+        raise ConfigError("train.warmup_steps and train.weight_decay must be >= 0, train.min_lr_ratio in [0, 1]")
+    if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):
+        raise ConfigError(f"train.betas must be two numbers in [0, 1), got {t.betas!r}")
+    if not t.divergence_factor > 1:
+        raise ConfigError(f"train.divergence_factor must be > 1, got {t.divergence_factor}")
     if cfg.eval.split not in ("train", "valid", "test"):
         raise ConfigError(f"eval.split {cfg.eval.split!r} is not a split; valid splits: train, valid, test")
     if cfg.eval.tokens < 1 or cfg.eval.batch_tokens < 1 or cfg.eval.position_buckets < 1:
@@ -260,8 +287,14 @@ def validate(cfg: RunConfig) -> None:
 
 # ---- identity of a cell --------------------------------------------------------------------------------
 
-def cell_key(cfg: RunConfig, trained_encoding: str, window: Optional[int], seed: int) -> str:
-    """Hash of everything that determines a trained model's weights: reuse a checkpoint only on a match."""
+def cell_key(cfg: RunConfig, trained_encoding: str, window: Optional[int], seed: int, corpus_fingerprint: str) -> str:
+    """Hash of everything that determines a trained model's weights: reuse a checkpoint only on a match.
+
+    Includes the corpus fingerprint (the documents themselves, not just the source name), the precision and
+    the package version, so changed data or code never silently reuses an old checkpoint.
+    """
+    from posenc_bench import __version__
+
     ident = {
         "encoding": trained_encoding,
         "window": window,
@@ -269,6 +302,9 @@ def cell_key(cfg: RunConfig, trained_encoding: str, window: Optional[int], seed:
         "model": asdict(cfg.model),
         "train": asdict(cfg.train),
         "data": asdict(cfg.data),
+        "corpus": corpus_fingerprint,
+        "precision": cfg.precision,
+        "version": __version__,
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -277,4 +313,5 @@ def eval_key(cfg: RunConfig) -> str:
     """Hash of the evaluation settings that change a number (not the batch size)."""
     ident = {k: v for k, v in asdict(cfg.eval).items() if k != "batch_tokens"}
     ident["lengths"] = cfg.eval_lengths()
+    ident["precision"] = cfg.precision
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]

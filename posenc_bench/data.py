@@ -102,13 +102,22 @@ def shakespeare_documents() -> list[tuple[str, bytes]]:
 
 
 def file_documents(pattern: str) -> list[tuple[str, bytes]]:
+    """One document per file. Names are relative to the folder (or the glob's fixed prefix), so the split of a
+    file does not depend on where the folder lives or how the user spelled its path."""
     path = Path(pattern).expanduser()
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file())
+        base, files = path, sorted(p for p in path.rglob("*") if p.is_file())
     elif path.is_file():
-        files = [path]
+        base, files = path.parent, [path]
     else:
-        files = sorted(Path(p) for p in glob.glob(os.path.expanduser(pattern), recursive=True) if Path(p).is_file())
+        expanded = os.path.expanduser(pattern)
+        files = sorted(Path(p) for p in glob.glob(expanded, recursive=True) if Path(p).is_file())
+        fixed = []
+        for part in Path(expanded).parts:
+            if glob.has_magic(part):
+                break
+            fixed.append(part)
+        base = Path(*fixed) if fixed else Path(".")
     if not files:
         raise DataError(
             f"data source {pattern!r} is not a readable file, folder or glob with files; "
@@ -117,7 +126,7 @@ def file_documents(pattern: str) -> list[tuple[str, bytes]]:
     docs = []
     for f in files:
         try:
-            docs.append((f.as_posix(), f.read_bytes()))
+            docs.append((f.relative_to(base).as_posix(), f.read_bytes()))
         except OSError as e:
             raise DataError(f"cannot read data file {str(f)!r}: {e.strerror}") from None
     return docs

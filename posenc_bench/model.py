@@ -8,6 +8,9 @@ Attention is ``F.scaled_dot_product_attention``: on its fused causal path (``is_
 encoding has no bias and there is no sliding window; otherwise with a 4-D (1, H, Tq, Tk) float mask (a 3-D
 mask sends SDPA to its slow math path), built for chunks of queries so that memory stays bounded at long
 eval lengths instead of needing a full (H, L, L) tensor per layer.
+
+Sliding-window attention (``window=W``; Beltagy et al., "Longformer", arXiv:2004.05150) lets query i see keys
+j with i - W < j <= i; it composes with every encoding.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from posenc_bench.results import ResultsStore, atomic_write_text, read_results
 from posenc_bench.train import TrainOutcome, train
 
 # Config sections that must match for records in one output folder to belong to one table.
-_IDENTITY_KEYS = ("model", "train", "data", "window")
+_IDENTITY_KEYS = ("model", "train", "data", "window", "precision")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -102,6 +102,7 @@ def save_checkpoint(path: Path, model: Optional[torch.nn.Module], meta: dict) ->
     from safetensors.torch import save_model
 
     path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").unlink(missing_ok=True)  # never leave old meta beside new weights
     if model is not None:
         tmp = path / ".model.safetensors.tmp"
         save_model(model, str(tmp))  # handles the tied embedding / LM head
@@ -157,10 +158,13 @@ class Sweep:
                     f"({old_cfg.get(key)!r} there, {new_cfg.get(key)!r} now); use another --out, or delete that "
                     "folder to start over"
                 )
-        if old["run"]["eval_fingerprint"] != self.run_meta["eval_fingerprint"]:
+        if (old["run"]["eval_fingerprint"], old["run"]["eval_lengths"]) != (
+            self.run_meta["eval_fingerprint"], self.run_meta["eval_lengths"]
+        ):
             raise ConfigError(
-                f"{path} was evaluated on other tokens (eval fingerprint {old['run']['eval_fingerprint']}, now "
-                f"{self.run_meta['eval_fingerprint']}: eval lengths, eval.tokens or the corpus changed); "
+                f"{path} was evaluated at other lengths or on other tokens (lengths {old['run']['eval_lengths']}, "
+                f"eval fingerprint {old['run']['eval_fingerprint']}; now {self.run_meta['eval_lengths']}, "
+                f"{self.run_meta['eval_fingerprint']}); "
                 "use another --out, or delete that folder to start over"
             )
         # Keep the rows of earlier invocations in the table, in their order, then the new ones.
@@ -179,7 +183,7 @@ class Sweep:
         """The trained model of a cell (reused from its checkpoint when finished before) and its meta."""
         cfg = self.cfg
         trained_as = encodings.get_class(name).trained_as or name
-        key = cell_key(cfg, trained_as, window, seed)
+        key = cell_key(cfg, trained_as, window, seed, self.corpus.fingerprint)
         ckpt = _checkpoint_dir(self.out, trained_as, window, seed)
         model = DecoderLM(cfg.model, name, cfg.train.train_len, window=window, seed=seed,
                           max_mask_bytes=cfg.max_mask_bytes)
@@ -214,7 +218,7 @@ class Sweep:
     def run_cell(self, row: str, seed: int) -> list[dict]:
         cfg = self.cfg
         name, window = parse_row(row)
-        key = cell_key(cfg, encodings.get_class(name).trained_as or name, window, seed)
+        key = cell_key(cfg, encodings.get_class(name).trained_as or name, window, seed, self.corpus.fingerprint)
         ekey = eval_key(cfg)
         done = self.store.cell(row, seed)
         if done and {r["eval_len"] for r in done} >= set(self.lengths) and all(

@@ -113,9 +113,14 @@ def test_diverged_run_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert "diverged" in (tmp_path / "out" / "table.md").read_text()
 
 
-def test_other_config_in_same_folder_is_refused(finished, capsys):
-    assert main(["run", *MICRO, "--out", str(finished), "--steps", "9", "--encodings", "rope"]) == 2
-    assert "different 'train' config" in capsys.readouterr().err
+@pytest.mark.parametrize("args,message", [
+    (["--steps", "9"], "different 'train' config"),
+    (["--precision", "bf16"], "different 'precision' config"),
+    (["--eval-lens", "1,2x"], "evaluated at other lengths"),
+])
+def test_other_config_in_same_folder_is_refused(finished, capsys, args, message):
+    assert main(["run", *MICRO, "--out", str(finished), "--encodings", "rope", *args]) == 2
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args,message", [

@@ -59,3 +59,32 @@ def test_rows_with_windows():
 def test_missing_config_file():
     with pytest.raises(ConfigError, match="not found"):
         load_config("configs/nope.yaml")
+
+
+@pytest.mark.parametrize("overrides,match", [
+    ({"window": "sixty"}, "window must be int"),
+    ({"threads": 0}, "threads must be >= 1"),
+    ({"train.log_every": 0}, "log_every must be >= 1"),
+    ({"train.grad_clip": 0}, "grad_clip must be a positive number"),
+    ({"train.betas": [0.9, 2]}, "betas must be two numbers"),
+    ({"train.betas": "0.9,x"}, r"train.betas\[1\] must be float"),
+    ({"model.vocab_size": 100}, "vocab_size must be at least 257"),
+    ({"model.encoding_options": {"rope": [1]}}, "must be a mapping of options"),
+    ({"model.encoding_options": {"rope-linear": {"theta": 5e5}}}, "set them under model.encoding_options.rope"),
+    ({"model.encoding_options": {"t5": {"num_buckets": 1}}}, "num_buckets >= 2"),
+    ({"model.encoding_options": {"t5": {"num_buckets": 32, "max_distance": 10}}}, "max_distance > num_buckets"),
+    ({"model.encoding_options": {"rope": {"theta": "lots"}}}, "must be a number"),
+])
+def test_values_that_would_crash_later_are_refused_up_front(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config("configs/ci.yaml", overrides)
+
+
+def test_yaml_strings_are_coerced_to_numbers():
+    cfg = load_config("configs/ci.yaml", {"window": 64.0, "train.betas": "0.9,0.99", "train.grad_clip": "1e9",
+                                          "model.encoding_options": {"rope": {"theta": "1e6"}}})
+    assert cfg.window == 64 and cfg.rows()[0].endswith("+sw64")
+    assert cfg.train.betas == [0.9, 0.99] and cfg.train.grad_clip == 1e9
+    from posenc_bench.model import build_encoding
+
+    assert build_encoding(cfg.model, "rope", 64).theta == 1e6

@@ -85,3 +85,15 @@ def test_hf_datasets_loader_on_local_files(tmp_path):
 
 def test_count_bytes_ignores_bos():
     assert data.count_bytes(torch.tensor([256, 1, 2, 256, 3])) == 3
+
+
+def test_file_document_names_do_not_depend_on_how_the_path_is_spelled(tmp_path, monkeypatch):
+    (tmp_path / "sub").mkdir()
+    for i in range(5):
+        (tmp_path / "sub" / f"{i}.txt").write_text("x" * 10)
+    absolute = data.load_corpus(str(tmp_path / "sub" / "*.txt"))
+    monkeypatch.chdir(tmp_path)
+    relative = data.load_corpus("sub/*.txt")
+    folder = data.load_corpus("sub")
+    assert absolute.fingerprint == relative.fingerprint == folder.fingerprint
+    assert sorted(n for docs in folder.splits.values() for n, _ in docs) == [f"{i}.txt" for i in range(5)]

@@ -105,4 +105,11 @@ def build(name: str, *, d_model: int, n_heads: int, train_len: int, options: Opt
             f"unknown option(s) {', '.join(map(repr, bad))} for encoding {name!r}; "
             f"valid options: {', '.join(valid) or '(none)'}"
         )
+    for key, value in options.items():  # YAML 1.1 reads 1e6 as a string; coerce to the default's type
+        default = params[key].default
+        if isinstance(default, (int, float)) and not isinstance(default, bool) and isinstance(value, str):
+            try:
+                options[key] = type(default)(float(value)) if isinstance(default, float) else int(value)
+            except ValueError:
+                raise ConfigError(f"option {key!r} of encoding {name!r} must be a number, got {value!r}") from None
     return cls(d_model=d_model, n_heads=n_heads, train_len=train_len, **options)

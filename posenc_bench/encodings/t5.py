@@ -39,6 +39,11 @@ class T5Bias(Encoding):
         self, *, d_model: int, n_heads: int, train_len: int, num_buckets: int = 32, max_distance: int = 128
     ) -> None:
         super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len)
+        if num_buckets < 2 or max_distance <= num_buckets // 2:
+            raise ValueError(
+                f"T5 buckets need num_buckets >= 2 and max_distance > num_buckets // 2, "
+                f"got num_buckets={num_buckets}, max_distance={max_distance}"
+            )
         self.num_buckets = num_buckets
         self.max_distance = max_distance
         self.relative_attention_bias = nn.Embedding(num_buckets, n_heads)

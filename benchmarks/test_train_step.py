@@ -1,0 +1,47 @@
+"""One training step (forward + backward + AdamW) per encoding, at the default model size.
+
+pytest benchmarks/ --benchmark-only            # compare encodings in one table (group per length)
+pytest benchmarks/ --benchmark-only --benchmark-json=out.json
+Read the ratio of each encoding to `nope` (the fused causal path) measured in the same run; absolute times
+on a shared machine are noisy.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from posenc_bench import encodings
+from posenc_bench.model import DecoderLM, ModelConfig
+
+TRAINED = [n for n in encodings.available() if encodings.get_class(n).trained_as is None]
+
+
+@pytest.mark.parametrize("length", [128, 512])
+@pytest.mark.parametrize("name", TRAINED)
+def test_train_step(benchmark, name, length):
+    benchmark.group = f"train step, T={length}"
+    torch.set_num_threads(2)
+    model = DecoderLM(ModelConfig(), name, length, seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    batch = torch.randint(0, 256, (max(1, 4096 // length), length + 1))
+
+    def step():
+        loss = F.cross_entropy(model(batch[:, :-1]).flatten(0, 1), batch[:, 1:].flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    loss = benchmark(step)
+    assert loss == loss  # finite
+
+
+@pytest.mark.parametrize("name", [n for n in TRAINED if n != "learned"])
+def test_eval_forward_at_4x(benchmark, name):
+    benchmark.group = "eval forward, T=512 (4x of 128)"
+    torch.set_num_threads(2)
+    model = DecoderLM(ModelConfig(), name, 128, seed=0).eval()
+    x = torch.randint(0, 256, (8, 512))
+    with torch.inference_mode():
+        out = benchmark(model, x)
+    assert out.shape == (8, 512, 257)
