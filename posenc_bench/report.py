@@ -75,7 +75,8 @@ def markdown(table: pd.DataFrame, footnotes: list[str], caption: str = "") -> st
     out = []
     if caption:
         out += [caption, ""]
-    out.append(tabulate(table, headers="keys", tablefmt="github", stralign="right", disable_numparse=True))
+    align = ("left",) + ("right",) * len(table.columns)  # row names left, numbers right
+    out.append(tabulate(table, headers="keys", tablefmt="github", colalign=align, disable_numparse=True))
     if footnotes:
         out += [""] + footnotes
     return "\n".join(out) + "\n"
@@ -95,6 +96,35 @@ def caption(run: dict) -> str:
     )
 
 
+def training_table(records: list[dict], row_order: list[str] | None = None) -> pd.DataFrame:
+    """Did each model learn to use context? Train loss along the run, and at 1x the loss of the first
+    positions of a window against its second half: a model stuck on the no-position plateau predicts from
+    a few local bytes, so its loss hardly falls with position. Seed 0 (or the lowest seed) of each row."""
+    rows = []
+    for enc in row_order or list(dict.fromkeys(r["encoding"] for r in records)):
+        recs = [r for r in records if r["encoding"] == enc and r["eval_len"] == r["train_len"]]
+        if not recs:
+            continue
+        r = min(recs, key=lambda x: x["seed"])
+        curve = r.get("train_curve") or []
+        row = {"encoding": enc}
+        for frac in (0.25, 0.5, 1.0):
+            if curve:
+                step, loss = min(curve, key=lambda c: abs(c[0] - frac * curve[-1][0]))
+                row[f"train loss @ step {step}"] = f"{loss:.3f}"
+        by_pos = r.get("loss_by_position") or []
+        if r["status"] == "ok" and by_pos:
+            first = by_pos[0]
+            late = [b for b in by_pos if b["start"] >= r["eval_len"] // 2]
+            late_loss = sum(b["loss"] * b["tokens"] for b in late) / max(1, sum(b["tokens"] for b in late))
+            row[f"1x loss, positions {first['start']}-{first['end'] - 1}"] = f"{first['loss']:.3f}"
+            row[f"1x loss, positions {r['eval_len'] // 2}-{r['eval_len'] - 1}"] = f"{late_loss:.3f}"
+        else:
+            row["status"] = r["status"]
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("encoding") if rows else pd.DataFrame()
+
+
 def results_markdown(data: dict) -> str:
     rows = data["run"].get("rows")
     ppl, notes = ppl_table(data["records"], row_order=rows)
@@ -104,6 +134,8 @@ def results_markdown(data: dict) -> str:
         + markdown(ppl, notes, caption(data["run"]))
         + "\nPerplexity relative to the same model at the train length (1x):\n\n"
         + markdown(rel, rel_notes)
+        + "\nTraining (mean train loss, nats) and context use at 1x (test loss early vs late in the window):\n\n"
+        + markdown(training_table(data["records"], rows).fillna(""), [])
     )
 
 

