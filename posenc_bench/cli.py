@@ -93,12 +93,13 @@ def cmd_list(args: argparse.Namespace) -> int:
     from posenc_bench import encodings
 
     names = encodings.available()
-    width = max(map(len, names))
+    window_row = "<name>+sw<W>"
+    width = max(map(len, names + [window_row]))
     for name in names:
         cls = encodings.get_class(name)
         extra = f" [evaluates the trained {cls.trained_as!r} model]" if cls.trained_as else ""
         print(f"{name:<{width}}  {cls.summary}{extra}")
-    print(f"{'<name>+sw<W>':<{width}}  any of the above with sliding-window attention over the last W tokens")
+    print(f"{window_row:<{width}}  any of the above with sliding-window attention over the last W tokens")
     return 0
 
 

@@ -155,8 +155,7 @@ class Sweep:
             if old_cfg.get(key) != new_cfg.get(key):
                 raise ConfigError(
                     f"{path} holds results made with a different {key!r} config "
-                    f"({old_cfg.get(key)!r} there, {new_cfg.get(key)!r} now); use another --out, or delete that "
-                    "folder to start over"
+                    f"({old_cfg.get(key)!r} there, {new_cfg.get(key)!r} now); use another --out, or --fresh to start over"
                 )
         if (old["run"]["eval_fingerprint"], old["run"]["eval_lengths"]) != (
             self.run_meta["eval_fingerprint"], self.run_meta["eval_lengths"]
@@ -165,7 +164,7 @@ class Sweep:
                 f"{path} was evaluated at other lengths or on other tokens (lengths {old['run']['eval_lengths']}, "
                 f"eval fingerprint {old['run']['eval_fingerprint']}; now {self.run_meta['eval_lengths']}, "
                 f"{self.run_meta['eval_fingerprint']}); "
-                "use another --out, or delete that folder to start over"
+                "use another --out, or --fresh to start over"
             )
         # Keep the rows of earlier invocations in the table, in their order, then the new ones.
         self.run_meta["rows"] = list(dict.fromkeys(old["run"].get("rows", []) + self.run_meta["rows"]))

@@ -152,3 +152,12 @@ def test_list_and_console_script_exit_codes():
         "sinusoidal", "learned", "rope", "rope-linear", "t5", "alibi", "nope"]
     bad = subprocess.run([sys.executable, "-m", "posenc_bench", "run", "--encodings", "xpos"], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown encoding 'xpos'" in bad.stderr
+
+
+def test_fresh_starts_over_in_the_same_folder(tmp_path, capsys):
+    assert run(tmp_path, "--encodings", "nope") == 0
+    assert run(tmp_path, "--encodings", "nope", "--steps", "9") == 2
+    assert run(tmp_path, "--encodings", "nope", "--steps", "9", "--fresh") == 0
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert data["run"]["config"]["train"]["steps"] == 9
+    assert {r["config"]["train"]["steps"] for r in data["records"]} == {9}
