@@ -86,12 +86,16 @@ class RunConfig:
         rows = []
         for spec in self.encodings:
             name, window = parse_row(spec)
-            window = window if window is not None else self.window
-            rows.append(name if window is None else f"{name}+sw{window}")
+            rows.append(row_name(name, window if window is not None else self.window))
         return list(dict.fromkeys(rows))
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def row_name(name: str, window: Optional[int]) -> str:
+    """The inverse of parse_row: ('rope', 64) -> 'rope+sw64'."""
+    return name if window is None else f"{name}+sw{window}"
 
 
 def parse_row(spec: str) -> tuple[str, Optional[int]]:

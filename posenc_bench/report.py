@@ -86,13 +86,15 @@ def caption(run: dict) -> str:
     cfg = run["config"]
     m, t = cfg["model"], cfg["train"]
     seeds = cfg["seeds"]
+    sha, dirty, _ = run["git_commit"].partition("-dirty")
+    commit = sha[:12] + ("-dirty" if dirty else "")
     return (
         f"Byte-level LM, {run.get('params', '?'):,} parameters ({m['n_layers']} layers, width {m['d_model']}, "
         f"{m['n_heads']} heads), trained {t['steps']} steps x {t['batch_size']} x {t['train_len']} tokens "
         f"(lr {t['lr']:g}); corpus {run['corpus']['source']} ({run['corpus']['fingerprint']}), "
         f"{run['eval_tokens']:,} {cfg['eval']['split']} tokens scored at every length "
         f"(eval {run['eval_fingerprint']}); seeds {','.join(map(str, seeds))}; device {run['device']}; "
-        f"torch {run['versions']['torch']}; commit {run['git_commit'][:12]}."
+        f"torch {run['versions']['torch']}; commit {commit}."
     )
 
 

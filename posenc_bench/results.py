@@ -84,5 +84,8 @@ class ResultsStore:
         self.records.extend(records)
         self.save()
 
+    def as_dict(self) -> dict:
+        return {"schema_version": SCHEMA_VERSION, "run": self.run, "records": self.records}
+
     def save(self) -> None:
-        atomic_write_json(self.path, {"schema_version": SCHEMA_VERSION, "run": self.run, "records": self.records})
+        atomic_write_json(self.path, self.as_dict())

@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from posenc_bench import __version__, encodings
-from posenc_bench.config import RunConfig, cell_key, eval_key, parse_row
+from posenc_bench.config import RunConfig, cell_key, eval_key, parse_row, row_name
 from posenc_bench.data import TrainBatches, eval_segments, load_corpus, tokens_fingerprint
 from posenc_bench.errors import ConfigError, PositionOutOfRange
 from posenc_bench.evaluate import evaluate_length, segment_length
@@ -76,7 +76,7 @@ def device_description(device: torch.device) -> str:
 
 
 def _checkpoint_dir(out: Path, trained_as: str, window: Optional[int], seed: int) -> Path:
-    return out / "checkpoints" / f"{trained_as}{'' if window is None else f'+sw{window}'}-seed{seed}"
+    return out / "checkpoints" / f"{row_name(trained_as, window)}-seed{seed}"
 
 
 def load_checkpoint(path: Path, key: str) -> Optional[tuple[dict, Optional[Path]]]:
@@ -178,18 +178,22 @@ class Sweep:
         return TrainBatches(self._train_stream, self.cfg.train.train_len, self.cfg.train.batch_size, seed)
 
     # ---- one cell ------------------------------------------------------------------------------------
+    def _cell_key(self, name: str, window: Optional[int], seed: int) -> str:
+        trained_as = encodings.get_class(name).trained_as or name
+        return cell_key(self.cfg, trained_as, window, seed, self.corpus.fingerprint)
+
     def trained_model(self, name: str, window: Optional[int], seed: int) -> tuple[Optional[DecoderLM], dict]:
         """The trained model of a cell (reused from its checkpoint when finished before) and its meta."""
         cfg = self.cfg
         trained_as = encodings.get_class(name).trained_as or name
-        key = cell_key(cfg, trained_as, window, seed, self.corpus.fingerprint)
+        key = self._cell_key(name, window, seed)
         ckpt = _checkpoint_dir(self.out, trained_as, window, seed)
         model = DecoderLM(cfg.model, name, cfg.train.train_len, window=window, seed=seed,
                           max_mask_bytes=cfg.max_mask_bytes)
         found = load_checkpoint(ckpt, key)
         if found is not None:
             meta, weights = found
-            self.log(f"  {trained_as}{'' if window is None else f'+sw{window}'} seed {seed}: reusing checkpoint {ckpt}")
+            self.log(f"  {row_name(trained_as, window)} seed {seed}: reusing checkpoint {ckpt}")
             if weights is None:
                 return None, meta
             from safetensors.torch import load_model
@@ -202,7 +206,7 @@ class Sweep:
                 model.load_state_dict(base.state_dict())
                 return model.to(self.device), meta
             return None, meta
-        label = f"{name}{'' if window is None else f'+sw{window}'} seed {seed}"
+        label = f"{row_name(name, window)} seed {seed}"
         outcome: TrainOutcome = train(model, self._train_batches(seed), cfg.train, device=self.device,
                                       autocast_dtype=self.autocast, show_progress=self.show_progress, desc=label)
         meta = {"cell_key": key, "encoding": trained_as, "window": window, "seed": seed,
@@ -217,7 +221,7 @@ class Sweep:
     def run_cell(self, row: str, seed: int) -> list[dict]:
         cfg = self.cfg
         name, window = parse_row(row)
-        key = cell_key(cfg, encodings.get_class(name).trained_as or name, window, seed, self.corpus.fingerprint)
+        key = self._cell_key(name, window, seed)
         ekey = eval_key(cfg)
         done = self.store.cell(row, seed)
         if done and {r["eval_len"] for r in done} >= set(self.lengths) and all(
@@ -272,7 +276,7 @@ class Sweep:
                  f"{self.run_meta['eval_tokens']:,} target tokens each, device {self.run_meta['device']}, out {self.out}")
         for row, seed in cells:
             self.run_cell(row, seed)
-        data = {"schema_version": 1, "run": self.store.run, "records": self.store.records}
+        data = self.store.as_dict()
         atomic_write_text(self.out / "results.csv", results_csv(data))
         atomic_write_text(self.out / "table.md", results_markdown(data))
         return data

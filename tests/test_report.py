@@ -43,3 +43,16 @@ def test_training_table_reads_curves_and_positions():
     assert t.loc["rope", "train loss @ step 40"] == "2.000"
     assert t.loc["rope", "1x loss, positions 0-9"] == "2.000"
     assert t.loc["rope", "1x loss, positions 50-99"] == "1.250"
+
+
+def test_caption_states_what_was_measured_and_keeps_the_dirty_mark():
+    from posenc_bench.config import RunConfig
+    from posenc_bench.report import caption
+
+    run = {"config": RunConfig().to_dict(), "params": 821632, "corpus": {"source": "stdlib", "fingerprint": "abc"},
+           "eval_tokens": 66048, "eval_fingerprint": "def", "device": "cpu:x86_64 (2 threads)",
+           "versions": {"torch": "2.13.0+cpu"}, "git_commit": "0123456789abcdef0123-dirty"}
+    text = caption(run)
+    for fact in ("821,632 parameters", "4 layers, width 128, 4 heads", "400 steps x 32 x 128 tokens", "stdlib (abc)",
+                 "66,048 test tokens", "seeds 0", "cpu:x86_64", "torch 2.13.0+cpu", "commit 0123456789ab-dirty"):
+        assert fact in text, fact
