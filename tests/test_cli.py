@@ -161,3 +161,19 @@ def test_fresh_starts_over_in_the_same_folder(tmp_path, capsys):
     data = json.loads((tmp_path / "out" / "results.json").read_text())
     assert data["run"]["config"]["train"]["steps"] == 9
     assert {r["config"]["train"]["steps"] for r in data["records"]} == {9}
+
+
+def test_seeds_give_mean_and_spread_and_the_saved_config_reproduces_the_run(tmp_path, capsys):
+    from posenc_bench.config import load_config
+
+    assert run(tmp_path, "--encodings", "alibi", "--seeds", "2", "--progress", "auto") == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""  # no progress bars when stderr is not a terminal
+    assert "effective config:" in captured.out and "| alibi" in captured.out  # config and table printed
+    out = tmp_path / "out"
+    recs = json.loads((out / "results.json").read_text())["records"]
+    assert sorted({r["seed"] for r in recs}) == [0, 1]
+    assert "±" in (out / "table.md").read_text()
+    saved = load_config(str(out / "config.yaml"))
+    assert saved.to_dict() == json.loads((out / "results.json").read_text())["run"]["config"]
+    assert saved.seeds == [0, 1] and saved.train.steps == 8 and saved.encodings == ["alibi"]
