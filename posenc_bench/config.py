@@ -69,6 +69,7 @@ class RunConfig:
     precision: str = "fp32"  # fp32 | bf16 (autocast; for GPUs)
     out: str = "results/run"
     max_mask_bytes: int = 64 << 20  # memory budget of one attention-mask chunk
+    save_every: int = 100  # training steps between resumable mid-run saves (0: only at the end)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -257,6 +258,8 @@ def validate(cfg: RunConfig) -> None:
             )
     if cfg.window is not None and cfg.window < 1:
         raise ConfigError(f"window must be >= 1 token, got {cfg.window}")
+    if cfg.save_every < 0:
+        raise ConfigError(f"save_every must be >= 0 steps (0 = only at the end), got {cfg.save_every}")
     if cfg.threads is not None and cfg.threads < 1:
         raise ConfigError(f"threads must be >= 1, got {cfg.threads}")
     if cfg.model.vocab_size < VOCAB_SIZE:

@@ -207,11 +207,15 @@ class Sweep:
                 return model.to(self.device), meta
             return None, meta
         label = f"{row_name(name, window)} seed {seed}"
+        ckpt.mkdir(parents=True, exist_ok=True)
+        state_path = ckpt / "train_state.pt"  # mid-run state: an interrupted run continues from it
         outcome: TrainOutcome = train(model, self._train_batches(seed), cfg.train, device=self.device,
-                                      autocast_dtype=self.autocast, show_progress=self.show_progress, desc=label)
+                                      autocast_dtype=self.autocast, show_progress=self.show_progress, desc=label,
+                                      state_path=state_path, save_every=cfg.save_every, state_key=key, log=self.log)
         meta = {"cell_key": key, "encoding": trained_as, "window": window, "seed": seed,
                 "config": cfg.to_dict(), "corpus_fingerprint": self.corpus.fingerprint, "outcome": asdict(outcome)}
         save_checkpoint(ckpt, model if outcome.status == "ok" else None, meta)
+        state_path.unlink(missing_ok=True)
         if outcome.status == "ok":
             self.log(f"  {label}: trained {outcome.steps} steps in {outcome.time_s:.0f}s, final train loss {outcome.final_loss:.3f}")
             return model, meta

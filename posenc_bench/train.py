@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from pathlib import Path
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -42,20 +43,44 @@ def make_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
 
 
+def _save_state(path: Path, **state) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
 def train(model: torch.nn.Module, batches: TrainBatches, cfg, *, device: torch.device,
           autocast_dtype: Optional[torch.dtype] = None, show_progress: Optional[bool] = None,
-          desc: str = "train") -> TrainOutcome:
-    """Train ``model`` for cfg.steps steps of ``batches``. cfg is a TrainConfig."""
+          desc: str = "train", state_path: Optional[Path] = None, save_every: int = 0, state_key: str = "",
+          log: Callable[[str], None] = print) -> TrainOutcome:
+    """Train ``model`` for cfg.steps steps of ``batches``. cfg is a TrainConfig.
+
+    With ``state_path`` and ``save_every`` > 0, the full training state (weights, optimizer, data order,
+    curve) is saved every ``save_every`` steps, and a run interrupted after such a save continues from it
+    when called again with the same ``state_key``: the result is the one an uninterrupted run gives.
+    """
     model.to(device).train()
     opt = make_optimizer(model, cfg)
     first_loss = None
     last_finite = None
     window_sum, window_n = 0.0, 0
     curve: list = []
-    t0 = time.perf_counter()
-    step = 0
+    start, elapsed_before = 0, 0.0
+    if state_path is not None and state_path.is_file():
+        state = torch.load(state_path, map_location=device, weights_only=True)
+        if state.get("key") == state_key:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
+            batches.generator.set_state(state["generator"])
+            start, curve, elapsed_before = state["step"], state["curve"], state["elapsed"]
+            first_loss, last_finite = state["first_loss"], state["last_finite"]
+            window_sum, window_n = state["window_sum"], state["window_n"]
+            log(f"  {desc}: resuming from step {start} of {cfg.steps}")
+    t0 = time.perf_counter() - elapsed_before
+    step = start
     with progress_bar(cfg.steps, desc, show_progress) as bar:
-        for step in range(cfg.steps):
+        bar.update(start)
+        for step in range(start, cfg.steps):
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, lr=cfg.lr, warmup=cfg.warmup_steps, total=cfg.steps, min_ratio=cfg.min_lr_ratio)
             batch = batches.next().to(device)  # (B, T + 1)
@@ -81,6 +106,13 @@ def train(model: torch.nn.Module, batches: TrainBatches, cfg, *, device: torch.d
                 curve.append([step + 1, round(window_sum / window_n, 5)])
                 bar.set_postfix(loss=f"{window_sum / window_n:.3f}")
                 window_sum, window_n = 0.0, 0
+            if state_path is not None and save_every > 0 and (step + 1) % save_every == 0 and step + 1 < cfg.steps:
+                _save_state(
+                    state_path, key=state_key, step=step + 1, model=model.state_dict(), optimizer=opt.state_dict(),
+                    generator=batches.generator.get_state(), curve=curve, first_loss=first_loss,
+                    last_finite=last_finite, window_sum=window_sum, window_n=window_n,
+                    elapsed=time.perf_counter() - t0,
+                )
             bar.update(1)
     elapsed = time.perf_counter() - t0
     tokens = cfg.steps * cfg.batch_size * cfg.train_len

@@ -177,3 +177,29 @@ def test_seeds_give_mean_and_spread_and_the_saved_config_reproduces_the_run(tmp_
     saved = load_config(str(out / "config.yaml"))
     assert saved.to_dict() == json.loads((out / "results.json").read_text())["run"]["config"]
     assert saved.seeds == [0, 1] and saved.train.steps == 8 and saved.encodings == ["alibi"]
+
+
+def test_interrupted_training_continues_from_its_last_save(tmp_path, capsys, monkeypatch):
+    from posenc_bench import data
+
+    real_next, calls = data.TrainBatches.next, []
+
+    def next_or_interrupt(self):
+        calls.append(1)
+        if len(calls) == 7:  # step 6 of 8; the run saved its state after step 4
+            raise KeyboardInterrupt
+        return real_next(self)
+
+    monkeypatch.setattr(data.TrainBatches, "next", next_or_interrupt)
+    assert run(tmp_path, "--encodings", "rope", "--set", "save_every=4", out="a") == 130
+    assert (tmp_path / "a" / "checkpoints" / "rope-seed0" / "train_state.pt").is_file()
+    monkeypatch.setattr(data.TrainBatches, "next", real_next)
+    capsys.readouterr()
+    assert run(tmp_path, "--encodings", "rope", "--set", "save_every=4", out="a") == 0
+    assert "rope seed 0: resuming from step 4 of 8" in capsys.readouterr().out
+    assert not (tmp_path / "a" / "checkpoints" / "rope-seed0" / "train_state.pt").exists()
+    assert run(tmp_path, "--encodings", "rope", out="b") == 0  # uninterrupted, same config otherwise
+    a = json.loads((tmp_path / "a" / "results.json").read_text())["records"]
+    b = json.loads((tmp_path / "b" / "results.json").read_text())["records"]
+    assert [r["ppl"] for r in a] == [r["ppl"] for r in b]
+    assert a[0]["train_curve"] == b[0]["train_curve"]

@@ -58,3 +58,46 @@ def test_bf16_autocast_path_runs_on_cpu():
     out = train(model, TrainBatches(_stream(), 16, 4, 0), cfg, device=torch.device("cpu"),
                 autocast_dtype=torch.bfloat16, show_progress=False)
     assert out.status == "ok" and len(out.curve) == 3
+
+
+def test_interrupted_training_resumes_to_the_uninterrupted_result(tmp_path):
+    cfg = TrainConfig(train_len=16, batch_size=8, steps=30, lr=3e-3, warmup_steps=5, log_every=4)
+    model_cfg = ModelConfig(d_model=32, n_layers=1, n_heads=2)
+    state = tmp_path / "train_state.pt"
+
+    ref_model = DecoderLM(model_cfg, "t5", 16, seed=0)
+    ref = train(ref_model, TrainBatches(_stream(), 16, 8, seed=0), cfg, device=torch.device("cpu"), show_progress=False)
+
+    class Interrupt(Exception):
+        pass
+
+    batches = TrainBatches(_stream(), 16, 8, seed=0)
+    real_next, calls = batches.next, []
+
+    def next_or_stop():
+        calls.append(1)
+        if len(calls) == 23:  # interrupted in step 22, after the save at step 20
+            raise Interrupt
+        return real_next()
+
+    batches.next = next_or_stop
+    with pytest.raises(Interrupt):
+        train(DecoderLM(model_cfg, "t5", 16, seed=0), batches, cfg, device=torch.device("cpu"), show_progress=False,
+              state_path=state, save_every=10, state_key="k")
+    assert torch.load(state, weights_only=True)["step"] == 20
+
+    logs = []
+    model = DecoderLM(model_cfg, "t5", 16, seed=0)
+    out = train(model, TrainBatches(_stream(), 16, 8, seed=0), cfg, device=torch.device("cpu"), show_progress=False,
+                state_path=state, save_every=10, state_key="k", log=logs.append)
+    assert logs and "resuming from step 20" in logs[0]
+    assert out.curve == ref.curve and out.status == "ok"
+    for (name, p), q in zip(model.state_dict().items(), ref_model.state_dict().values()):
+        assert torch.equal(p, q), name
+
+    # a state saved under another key (another config) is ignored
+    logs.clear()
+    train(DecoderLM(model_cfg, "t5", 16, seed=0), TrainBatches(_stream(), 16, 8, seed=0), cfg,
+          device=torch.device("cpu"), show_progress=False, state_path=state, save_every=0, state_key="other",
+          log=logs.append)
+    assert logs == []
