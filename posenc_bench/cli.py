@@ -16,6 +16,7 @@ USAGE_ERROR = 2
 def _parse_encodings(value: str, base: list[str]) -> list[str]:
     """'rope,alibi' replaces the list; '-learned' removes from the config's list; 'all' = every registered."""
     from posenc_bench import encodings
+    from posenc_bench.config import parse_row
 
     items = [v.strip() for v in value.split(",") if v.strip()]
     plus = [i for i in items if not i.startswith("-")]
@@ -23,8 +24,6 @@ def _parse_encodings(value: str, base: list[str]) -> list[str]:
     chosen: list[str] = []
     for item in plus or base:
         chosen.extend(encodings.available() if item == "all" else [item])
-    from posenc_bench.config import parse_row
-
     for item in list(chosen) + sorted(minus):
         parse_row(item)  # unknown names fail here, listing the valid ones
     return [c for c in dict.fromkeys(chosen) if c not in minus and parse_row(c)[0] not in minus]

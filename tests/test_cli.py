@@ -203,3 +203,16 @@ def test_interrupted_training_continues_from_its_last_save(tmp_path, capsys, mon
     b = json.loads((tmp_path / "b" / "results.json").read_text())["records"]
     assert [r["ppl"] for r in a] == [r["ppl"] for r in b]
     assert a[0]["train_curve"] == b[0]["train_curve"]
+
+
+@pytest.mark.parametrize("value,expected", [
+    ("rope,alibi,-learned", ["rope", "alibi"]),
+    ("-learned,-rope-linear", ["sinusoidal", "t5", "rope", "alibi", "nope"]),
+    ("all,-nope", ["sinusoidal", "learned", "rope", "rope-linear", "t5", "alibi"]),
+    ("rope+sw16,alibi", ["rope+sw16", "alibi"]),
+])
+def test_encodings_flag(value, expected):
+    from posenc_bench.cli import _parse_encodings
+    from posenc_bench.config import RunConfig
+
+    assert _parse_encodings(value, RunConfig().encodings) == expected
