@@ -78,9 +78,16 @@ def _load_families() -> None:
 
 
 def available() -> list[str]:
-    """Registered encoding names, in registration order."""
+    """Registered encoding names: by family in _FAMILIES order, then in the order each file registers them
+    (independent of which module happened to be imported first)."""
     _load_families()
-    return list(REGISTRY)
+    registered = list(REGISTRY)
+
+    def rank(name: str) -> tuple[int, int]:
+        family = REGISTRY[name].__module__.rsplit(".", 1)[-1]
+        return (_FAMILIES.index(family) if family in _FAMILIES else len(_FAMILIES), registered.index(name))
+
+    return sorted(registered, key=rank)
 
 
 def get_class(name: str) -> type[Encoding]:
@@ -89,7 +96,7 @@ def get_class(name: str) -> type[Encoding]:
         return REGISTRY[name]
     except KeyError:
         raise UnknownEncodingError(
-            f"unknown encoding {name!r}; valid encodings: {', '.join(REGISTRY)}"
+            f"unknown encoding {name!r}; valid encodings: {', '.join(available())}"
         ) from None
 
 

@@ -91,3 +91,13 @@ def test_unknown_option_is_refused():
 
     with pytest.raises(ConfigError, match="num_buckets"):
         encodings.build("t5", d_model=32, n_heads=4, train_len=8, options={"buckets": 8})
+
+
+def test_listing_order_does_not_depend_on_import_order():
+    import subprocess
+    import sys
+
+    code = ("import posenc_bench.encodings.alibi, posenc_bench.encodings.nope; "
+            "from posenc_bench import encodings; print(','.join(encodings.available()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == ",".join(NAMES) == "sinusoidal,learned,rope,rope-linear,t5,alibi,nope"
