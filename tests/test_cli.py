@@ -216,3 +216,11 @@ def test_encodings_flag(value, expected):
     from posenc_bench.config import RunConfig
 
     assert _parse_encodings(value, RunConfig().encodings) == expected
+
+
+def test_corrupt_results_file_is_a_clear_error(tmp_path, capsys):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "results.json").write_text('{"schema_version": 1, "run": {')
+    assert run(tmp_path, "--encodings", "nope") == 2
+    assert "truncated or corrupt" in capsys.readouterr().err
+    assert (tmp_path / "out" / "results.json").read_text() == '{"schema_version": 1, "run": {'  # left as it was
