@@ -1,6 +1,5 @@
 import pytest
 import torch
-import torch.nn.functional as F
 
 from posenc_bench.model import AttentionPlan, DecoderLM, ModelConfig
 
