@@ -15,7 +15,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from posenc_bench.errors import PosencError
 
@@ -23,15 +23,18 @@ SCHEMA_VERSION = 1
 STATUSES = ("ok", "n/a", "diverged")
 
 
-def atomic_write_text(path: Path | str, text: str) -> None:
-    """Write to a temporary file in the same folder, fsync, then rename over ``path``."""
+def atomic_write(path: Path | str, write: Callable[[str], None]) -> None:
+    """``write(tmp)`` to a temporary file beside ``path``, fsync it, then rename it over ``path``.
+
+    A reader sees the old file or the new one, never half of one; a failed write leaves no temporary behind.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
+        write(tmp)
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         umask = os.umask(0)
         os.umask(umask)
@@ -40,6 +43,10 @@ def atomic_write_text(path: Path | str, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: Path | str, text: str) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
 def atomic_write_json(path: Path | str, data: Any) -> None:

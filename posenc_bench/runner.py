@@ -24,7 +24,7 @@ from posenc_bench.errors import ConfigError, PositionOutOfRange
 from posenc_bench.evaluate import evaluate_length, segment_length
 from posenc_bench.model import DecoderLM
 from posenc_bench.report import results_csv, results_markdown
-from posenc_bench.results import ResultsStore, atomic_write_text, read_results
+from posenc_bench.results import ResultsStore, atomic_write, atomic_write_text, read_results
 from posenc_bench.train import TrainOutcome, train
 
 # Config sections that must match for records in one output folder to belong to one table.
@@ -104,9 +104,7 @@ def save_checkpoint(path: Path, model: Optional[torch.nn.Module], meta: dict) ->
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").unlink(missing_ok=True)  # never leave old meta beside new weights
     if model is not None:
-        tmp = path / ".model.safetensors.tmp"
-        save_model(model, str(tmp))  # handles the tied embedding / LM head
-        tmp.replace(path / "model.safetensors")
+        atomic_write(path / "model.safetensors", lambda tmp: save_model(model, tmp))  # handles tied weights
     atomic_write_text(path / "config.json", json.dumps(meta, indent=1) + "\n")
 
 

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from posenc_bench.data import TrainBatches
 from posenc_bench.progress import progress_bar
+from posenc_bench.results import atomic_write
 
 
 @dataclass
@@ -43,12 +44,6 @@ def make_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
 
 
-def _save_state(path: Path, **state) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(state, tmp)
-    tmp.replace(path)
-
-
 def train(model: torch.nn.Module, batches: TrainBatches, cfg, *, device: torch.device,
           autocast_dtype: Optional[torch.dtype] = None, show_progress: Optional[bool] = None,
           desc: str = "train", state_path: Optional[Path] = None, save_every: int = 0, state_key: str = "",
@@ -77,7 +72,6 @@ def train(model: torch.nn.Module, batches: TrainBatches, cfg, *, device: torch.d
             window_sum, window_n = state["window_sum"], state["window_n"]
             log(f"  {desc}: resuming from step {start} of {cfg.steps}")
     t0 = time.perf_counter() - elapsed_before
-    step = start
     with progress_bar(cfg.steps, desc, show_progress) as bar:
         bar.update(start)
         for step in range(start, cfg.steps):
@@ -107,12 +101,13 @@ def train(model: torch.nn.Module, batches: TrainBatches, cfg, *, device: torch.d
                 bar.set_postfix(loss=f"{window_sum / window_n:.3f}")
                 window_sum, window_n = 0.0, 0
             if state_path is not None and save_every > 0 and (step + 1) % save_every == 0 and step + 1 < cfg.steps:
-                _save_state(
-                    state_path, key=state_key, step=step + 1, model=model.state_dict(), optimizer=opt.state_dict(),
+                state = dict(
+                    key=state_key, step=step + 1, model=model.state_dict(), optimizer=opt.state_dict(),
                     generator=batches.generator.get_state(), curve=curve, first_loss=first_loss,
                     last_finite=last_finite, window_sum=window_sum, window_n=window_n,
                     elapsed=time.perf_counter() - t0,
                 )
+                atomic_write(state_path, lambda tmp: torch.save(state, tmp))
             bar.update(1)
     elapsed = time.perf_counter() - t0
     tokens = cfg.steps * cfg.batch_size * cfg.train_len
