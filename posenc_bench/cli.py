@@ -102,6 +102,36 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from posenc_bench import report
+
+    runs = report.load_runs(args.results)
+    fmt = report.format_for(args.out, args.format)
+    if args.update and fmt != "md":
+        raise PosencError(f"--update writes a Markdown table; drop --format {fmt} (or write it with --out)")
+    text = report.render(runs, fmt=fmt, values=args.value, digits=args.digits, mark_best=not args.no_best)
+    if args.update:
+        key = report.marker_key(args.results)
+        changed = report.update_file(args.update, key, text)
+        print(f"{'updated' if changed else 'already up to date'}: {args.update} (block {key})")
+    if args.out:
+        report.write_report(text, args.out)
+        print(f"wrote {args.out}")
+    if not args.update and not args.out:
+        print(text, end="")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from posenc_bench import plots, report
+
+    runs = report.load_runs(args.results)
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    for path in plots.plot_all(runs, args.out, formats):
+        print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="posenc-bench", description="Benchmark length extrapolation of positional encodings.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -129,6 +159,26 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--fresh", action="store_true", help="delete the output folder first instead of resuming")
     r.add_argument("--progress", choices=("auto", "on", "off"), default="auto")
     r.set_defaults(func=cmd_run)
+
+    rp = sub.add_parser("report", help="comparison table from results folders (Markdown, CSV, LaTeX, HTML, JSON)")
+    rp.add_argument("results", nargs="+", help="results folder(s) or results.json file(s); several go side by side")
+    rp.add_argument("--format", choices=("md", "csv", "latex", "html", "json"),
+                    help="default: from the --out suffix (.md .csv .tex .html .json), else md")
+    rp.add_argument("--value", default="ppl,ratio,training",
+                    help="tables, in order: ppl, bpb, ratio (ppl / ppl at 1x), training (default: ppl,ratio,training)")
+    rp.add_argument("--digits", type=int, default=2, help="decimals in table cells (default 2)")
+    rp.add_argument("--no-best", action="store_true", help="do not bold the best value in each column")
+    rp.add_argument("--out", help="write to this file (atomically) instead of printing")
+    rp.add_argument("--update", metavar="FILE",
+                    help="rewrite the block between '<!-- posenc-bench table: RESULTS -->' and "
+                         "'<!-- /posenc-bench table -->' in FILE (e.g. README.md)")
+    rp.set_defaults(func=cmd_report)
+
+    pl = sub.add_parser("plot", help="figures from results folders: ppl vs length, loss by position, encodings")
+    pl.add_argument("results", nargs="+", help="results folder(s) or results.json file(s)")
+    pl.add_argument("--out", default="figures", help="output folder (default: figures)")
+    pl.add_argument("--formats", default="png,svg", help="comma list of png, svg (default: png,svg)")
+    pl.set_defaults(func=cmd_plot)
 
     ls = sub.add_parser("list", help="registered encodings, one line each")
     ls.set_defaults(func=cmd_list)
