@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import json
 import math
 import typing
@@ -59,6 +60,19 @@ class EvalConfig:
     position_buckets: int = 64  # loss-by-position buckets over the longest eval length
 
 
+GATE_TOLERANCE_KEYS = ("ppl_tol", "ratio_tol", "sigmas")
+
+
+@dataclass
+class GateConfig:
+    """What `posenc-bench gate` counts as a regression (see posenc_bench/gate.py)."""
+
+    ppl_tol: float = 0.02  # allowed relative rise of mean ppl at any length
+    ratio_tol: float = 0.02  # allowed relative rise of the extrapolation ratio ppl(kx) / ppl(1x)
+    sigmas: float = 3.0  # with >= 2 baseline seeds, allow this many standard errors of the seed spread
+    per_encoding: dict = field(default_factory=dict)  # row -> {ppl_tol, ratio_tol, sigmas} overrides
+
+
 @dataclass
 class RunConfig:
     encodings: list = field(default_factory=lambda: ["sinusoidal", "learned", "t5", "rope", "rope-linear", "alibi", "nope"])
@@ -70,10 +84,12 @@ class RunConfig:
     out: str = "results/run"
     max_mask_bytes: int = 64 << 20  # memory budget of one attention-mask chunk
     save_every: int = 100  # training steps between resumable mid-run saves (0: only at the end)
+    plugins: list = field(default_factory=list)  # modules imported first, e.g. your package's @register encodings
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
 
     # ---- derived -------------------------------------------------------------------------------------
     def eval_lengths(self) -> list[int]:
@@ -236,8 +252,19 @@ def load_config(path: Optional[str] = None, overrides: Optional[dict[str, Any]] 
     for key, value in (overrides or {}).items():
         set_key(data, key, value)
     cfg = _from_dict(RunConfig, data, "")
+    import_plugins(cfg.plugins)
     validate(cfg)
     return cfg
+
+
+def import_plugins(modules: list) -> None:
+    """Import each named module (importable from sys.path) so its ``@register`` encodings exist."""
+    for name in modules:
+        try:
+            importlib.import_module(str(name))
+        except Exception as e:  # noqa: BLE001 - any failure to import is the same config error to the user
+            raise ConfigError(f"plugin module {name!r} (config key plugins) could not be imported: "
+                              f"{type(e).__name__}: {e}") from None
 
 
 def validate(cfg: RunConfig) -> None:
@@ -290,6 +317,25 @@ def validate(cfg: RunConfig) -> None:
     if not (0 <= cfg.data.valid_fraction and 0 < cfg.data.test_fraction and cfg.data.valid_fraction + cfg.data.test_fraction < 1):
         raise ConfigError("data.valid_fraction and data.test_fraction must be fractions with test > 0 and sum < 1")
     cfg.eval_lengths()  # raises on a bad length
+    validate_gate(cfg.gate)
+
+
+def validate_gate(g: GateConfig) -> None:
+    def check(values: dict, where: str) -> None:
+        for key, value in values.items():
+            if key not in GATE_TOLERANCE_KEYS:
+                raise ConfigError(f"unknown config key {where}.{key}; valid keys: {', '.join(GATE_TOLERANCE_KEYS)}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value >= 0 and math.isfinite(value)):
+                raise ConfigError(f"{where}.{key} must be a number >= 0, got {value!r}")
+
+    check({k: getattr(g, k) for k in GATE_TOLERANCE_KEYS}, "gate")
+    if not isinstance(g.per_encoding, dict):
+        raise ConfigError(f"gate.per_encoding must map encoding rows to tolerances, got {g.per_encoding!r}")
+    for row, values in g.per_encoding.items():
+        parse_row(str(row))  # an unknown encoding fails here, listing the valid ones
+        if not isinstance(values, dict):
+            raise ConfigError(f"gate.per_encoding.{row} must be a mapping like {{ratio_tol: 0.05}}, got {values!r}")
+        check(values, f"gate.per_encoding.{row}")
 
 
 # ---- identity of a cell --------------------------------------------------------------------------------

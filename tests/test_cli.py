@@ -8,7 +8,8 @@ import pytest
 
 from posenc_bench.cli import main
 
-MICRO = ["--config", "configs/ci.yaml", "--train-len", "32", "--steps", "8", "--eval-tokens", "1024", "--progress", "off"]
+MICRO = ["--config", "configs/ci.yaml", "--seeds", "1", "--train-len", "32", "--steps", "8", "--eval-tokens", "1024",
+         "--progress", "off"]
 
 
 def run(tmp_path, *extra, out="out"):

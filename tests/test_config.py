@@ -88,3 +88,22 @@ def test_yaml_strings_are_coerced_to_numbers():
     from posenc_bench.model import build_encoding
 
     assert build_encoding(cfg.model, "rope", 64).theta == 1e6
+
+
+def test_plugins_register_encodings_from_another_package(tmp_path, monkeypatch):
+    from posenc_bench import encodings
+
+    (tmp_path / "my_posenc_plugin.py").write_text(
+        "from posenc_bench.encodings import register\n"
+        "from posenc_bench.encodings.nope import NoPE\n\n"
+        "@register('my-nope')\n"
+        "class MyNoPE(NoPE):\n"
+        "    summary = 'a project\\'s own encoding, registered from outside posenc_bench'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(encodings, "REGISTRY", dict(encodings.REGISTRY))  # leave the real registry alone
+    with pytest.raises(UnknownEncodingError, match="unknown encoding 'my-nope'"):
+        load_config(None, {"encodings": ["my-nope"]})
+    cfg = load_config(None, {"plugins": ["my_posenc_plugin"], "encodings": ["rope", "my-nope"]})
+    assert cfg.rows() == ["rope", "my-nope"] and "my-nope" in encodings.available()
+    with pytest.raises(ConfigError, match="plugin module 'no_such_module' .* could not be imported: ModuleNotFoundError"):
+        load_config(None, {"plugins": ["no_such_module"]})
