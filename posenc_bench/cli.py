@@ -96,7 +96,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     width = max(map(len, names + [window_row]))
     for name in names:
         cls = encodings.get_class(name)
-        extra = f" [evaluates the trained {cls.trained_as!r} model]" if cls.trained_as else ""
+        verb = "fine-tunes, then evaluates," if cls.finetuned else "evaluates"
+        extra = f" [{verb} the trained {cls.trained_as!r} model]" if cls.trained_as else ""
         print(f"{name:<{width}}  {cls.summary}{extra}")
     print(f"{window_row:<{width}}  any of the above with sliding-window attention over the last W tokens")
     return 0

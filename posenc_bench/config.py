@@ -278,11 +278,15 @@ def validate(cfg: RunConfig) -> None:
         cls = encodings.get_class(name)
         if not isinstance(options, dict):
             raise ConfigError(f"model.encoding_options.{name} must be a mapping of options, got {options!r}")
-        if cls.trained_as:
-            raise ConfigError(
-                f"model.encoding_options.{name}: {name!r} evaluates the trained {cls.trained_as!r} model and takes "
-                f"its options; set them under model.encoding_options.{cls.trained_as}"
-            )
+        if cls.trained_as:  # its own options (e.g. a fixed scaling factor) only; the trained model's are shared
+            import inspect
+
+            shared = [k for k in options if k in inspect.signature(encodings.get_class(cls.trained_as).__init__).parameters]
+            if shared:
+                raise ConfigError(
+                    f"model.encoding_options.{name}.{shared[0]}: {name!r} evaluates the trained {cls.trained_as!r} "
+                    f"model and takes its {shared[0]}; set it under model.encoding_options.{cls.trained_as}"
+                )
     if cfg.window is not None and cfg.window < 1:
         raise ConfigError(f"window must be >= 1 token, got {cfg.window}")
     if cfg.save_every < 0:
@@ -348,11 +352,14 @@ def cell_key(cfg: RunConfig, trained_encoding: str, window: Optional[int], seed:
     """
     from posenc_bench import __version__
 
+    model = asdict(cfg.model)  # an eval-only variant's own options change no trained weights
+    model["encoding_options"] = {k: v for k, v in model["encoding_options"].items()
+                                 if not encodings.get_class(k).trained_as}
     ident = {
         "encoding": trained_encoding,
         "window": window,
         "seed": seed,
-        "model": asdict(cfg.model),
+        "model": model,
         "train": asdict(cfg.train),
         "data": asdict(cfg.data),
         "corpus": corpus_fingerprint,
@@ -367,4 +374,7 @@ def eval_key(cfg: RunConfig) -> str:
     ident = {k: v for k, v in asdict(cfg.eval).items() if k != "batch_tokens"}
     ident["lengths"] = cfg.eval_lengths()
     ident["precision"] = cfg.precision
+    variants = {k: v for k, v in cfg.model.encoding_options.items() if encodings.get_class(k).trained_as}
+    if variants:  # eval-only variants' own options (e.g. a fixed RoPE scaling factor) change eval numbers
+        ident["variant_options"] = variants
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]

@@ -70,7 +70,7 @@ def test_missing_config_file():
     ({"train.betas": "0.9,x"}, r"train.betas\[1\] must be float"),
     ({"model.vocab_size": 100}, "vocab_size must be at least 257"),
     ({"model.encoding_options": {"rope": [1]}}, "must be a mapping of options"),
-    ({"model.encoding_options": {"rope-linear": {"theta": 5e5}}}, "set them under model.encoding_options.rope"),
+    ({"model.encoding_options": {"rope-linear": {"theta": 5e5}}}, "rope-linear.theta: 'rope-linear' evaluates the trained 'rope' model and takes its theta; set it under model.encoding_options.rope"),
     ({"model.encoding_options": {"t5": {"num_buckets": 1}}}, "num_buckets >= 2"),
     ({"model.encoding_options": {"t5": {"num_buckets": 32, "max_distance": 10}}}, "max_distance > num_buckets"),
     ({"model.encoding_options": {"rope": {"theta": "lots"}}}, "must be a number"),

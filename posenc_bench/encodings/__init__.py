@@ -19,7 +19,7 @@ from posenc_bench.errors import ConfigError, UnknownEncodingError
 REGISTRY: dict[str, type["Encoding"]] = {}
 
 # The family modules; importing them fills REGISTRY. Adding a family adds one name here.
-_FAMILIES = ("absolute", "rope", "t5", "alibi", "nope")
+_FAMILIES = ("absolute", "rope", "rope_scaling", "t5", "alibi", "nope")
 
 
 class Encoding(nn.Module):
@@ -36,6 +36,9 @@ class Encoding(nn.Module):
     summary: ClassVar[str] = ""
     # An eval-only variant names the trained encoding whose checkpoint it reuses (e.g. rope-linear -> rope).
     trained_as: ClassVar[Optional[str]] = None
+    # A fine-tuned variant (e.g. rope-linear-ft): the runner first continues training the trained_as checkpoint
+    # at the fine-tune length (config finetune), calling set_train_length(that length) before it and before eval.
+    finetuned: ClassVar[bool] = False
     # True when bias() returns a tensor; the model then takes the masked SDPA path instead of the fused causal one.
     has_bias: ClassVar[bool] = False
 
@@ -48,6 +51,9 @@ class Encoding(nn.Module):
 
     def set_eval_length(self, length: int) -> None:
         """Called before evaluating windows of ``length`` tokens; raise PositionOutOfRange if impossible."""
+
+    def set_train_length(self, length: int) -> None:
+        """Called before fine-tuning (and evaluating) a fine-tuned variant tuned at ``length`` tokens."""
 
     def embed(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return x

@@ -100,4 +100,6 @@ def test_listing_order_does_not_depend_on_import_order():
     code = ("import posenc_bench.encodings.alibi, posenc_bench.encodings.nope; "
             "from posenc_bench import encodings; print(','.join(encodings.available()))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-    assert out == ",".join(NAMES) == "sinusoidal,learned,rope,rope-linear,t5,alibi,nope"
+    assert out == ",".join(NAMES) == (
+        "sinusoidal,learned,rope,rope-linear,rope-ntk,rope-dynamic,rope-yarn,rope-llama3,rope-ft,rope-linear-ft,"
+        "rope-ntk-ft,rope-dynamic-ft,rope-yarn-ft,rope-llama3-ft,t5,alibi,nope")

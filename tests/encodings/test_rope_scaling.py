@@ -1,0 +1,136 @@
+"""RoPE scalings on the trained rope model: each one's frequencies are transformers' for the same config."""
+
+import math
+
+import pytest
+import torch
+
+from posenc_bench import encodings
+from posenc_bench.config import RunConfig, cell_key, eval_key, load_config
+from posenc_bench.encodings.rope import RoPE, default_inv_freq, rope_cos_sin
+from posenc_bench.encodings.rope_scaling import ntk_inv_freq
+
+T, D_MODEL, HEADS = 64, 64, 2  # head_dim 32
+HEAD_DIM = D_MODEL // HEADS
+ZERO_SHOT = ["rope-ntk", "rope-dynamic", "rope-yarn", "rope-llama3"]
+FINETUNED = ["rope-ft", "rope-linear-ft", "rope-ntk-ft", "rope-dynamic-ft", "rope-yarn-ft", "rope-llama3-ft"]
+
+
+def build(name, **options):
+    return encodings.build(name, d_model=D_MODEL, n_heads=HEADS, train_len=T, options=options)
+
+
+def hf_rotary(rope_type, **params):
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    cfg = LlamaConfig(hidden_size=D_MODEL, num_attention_heads=HEADS, max_position_embeddings=T,
+                      rope_parameters={"rope_type": rope_type, "rope_theta": 10000.0, **params})
+    return LlamaRotaryEmbedding(cfg)
+
+
+def test_every_variant_is_eval_only_on_the_rope_checkpoint():
+    for name in ZERO_SHOT + FINETUNED:
+        cls = encodings.get_class(name)
+        assert cls.trained_as == "rope" and cls.finetuned == name.endswith("-ft"), name
+
+
+@pytest.mark.parametrize("name", ZERO_SHOT + ["rope-linear"])
+def test_at_and_below_the_train_length_every_zero_shot_variant_is_plain_rope(name):
+    enc, plain = build(name), RoPE(d_model=D_MODEL, n_heads=HEADS, train_len=T)
+    for length in (T // 2, T):
+        enc.set_eval_length(length)
+        assert torch.equal(enc.inv_freq, plain.inv_freq) and enc.attention_scale == 1.0, (name, length)
+
+
+def test_ntk_is_the_base_formula_and_transformers_dynamic_at_factor_1():
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    for s in (1.5, 2.0, 4.0):
+        ours, scale = ntk_inv_freq(HEAD_DIM, 10000.0, s)
+        formula, _ = default_inv_freq(HEAD_DIM, 10000.0 * s ** (HEAD_DIM / (HEAD_DIM - 2)))
+        assert scale == 1.0 and torch.equal(ours, formula)
+        cfg = LlamaConfig(hidden_size=D_MODEL, num_attention_heads=HEADS, max_position_embeddings=T,
+                          rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 1.0})
+        hf, _ = ROPE_INIT_FUNCTIONS["dynamic"](cfg, "cpu", seq_len=int(s * T))
+        assert torch.allclose(ours, hf, rtol=1e-6, atol=0), s
+        enc = build("rope-ntk")
+        enc.set_eval_length(int(s * T))
+        assert torch.equal(enc.inv_freq, ours)
+    assert ours[0] == 1.0 and ours[-1] < formula[-1] * 1.0001  # highest frequency kept, lowest interpolated
+
+
+@pytest.mark.parametrize("name, rope_type, params", [
+    ("rope-yarn", "yarn", {"original_max_position_embeddings": T}),
+    ("rope-llama3", "llama3", {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": T}),
+    ("rope-linear", "linear", {}),
+])
+@pytest.mark.parametrize("length", [96, 128, 256])
+def test_frequencies_and_attention_scale_equal_transformers_rotary_embedding(name, rope_type, params, length):
+    s = length / T
+    hf = hf_rotary(rope_type, factor=s, **params)
+    enc = build(name)
+    enc.set_eval_length(length)
+    assert torch.equal(enc.inv_freq, hf.inv_freq) and enc.attention_scale == pytest.approx(hf.attention_scaling)
+    q, k = torch.randn(1, HEADS, length, HEAD_DIM), torch.randn(1, HEADS, length, HEAD_DIM)
+    cos, sin = hf(q, torch.arange(length)[None])  # (1, L, D), already times attention_scaling
+    ours_cos, ours_sin = rope_cos_sin(torch.arange(length), enc.inv_freq, enc.attention_scale)
+    assert torch.allclose(ours_cos, cos[0], atol=1e-4) and torch.allclose(ours_sin, sin[0], atol=1e-4)
+
+
+def test_yarn_temperature_is_applied_to_cos_and_sin_as_transformers_does():
+    enc = build("rope-yarn")
+    enc.set_eval_length(4 * T)
+    assert enc.attention_scale == pytest.approx(0.1 * math.log(4) + 1)
+    q = torch.randn(1, HEADS, 8, HEAD_DIM)
+    qr, _ = enc.rotate(q, q, torch.arange(8))
+    assert torch.allclose(qr.norm(dim=-1), q.norm(dim=-1) * enc.attention_scale, rtol=1e-5)
+
+
+@pytest.mark.parametrize("length", [32, 64, 96, 256])
+def test_dynamic_equals_rope_up_to_the_train_length_and_follows_the_window_length_beyond(length):
+    hf = hf_rotary("dynamic", factor=2.0)
+    q = torch.randn(1, HEADS, length, HEAD_DIM)
+    cos, _ = hf(q, torch.arange(length)[None])  # transformers updates its frequencies for this length
+    enc = build("rope-dynamic")
+    enc.set_eval_length(length)
+    assert torch.equal(enc.inv_freq, hf.inv_freq)
+    plain = default_inv_freq(HEAD_DIM)[0]
+    if length <= T:
+        assert torch.equal(enc.inv_freq, plain)
+    else:
+        base = 10000.0 * (2.0 * length / T - 1) ** (HEAD_DIM / (HEAD_DIM - 2))
+        assert torch.allclose(enc.inv_freq, default_inv_freq(HEAD_DIM, base)[0], rtol=1e-6)
+        assert (enc.inv_freq[1:] < plain[1:]).all()
+
+
+@pytest.mark.parametrize("name", FINETUNED)
+def test_fine_tuned_variants_fix_their_scaling_at_the_fine_tune_length(name):
+    enc = build(name)
+    enc.set_train_length(4 * T)
+    enc.set_eval_length(T)
+    at_1x = enc.inv_freq.clone()
+    enc.set_eval_length(4 * T)
+    plain = default_inv_freq(HEAD_DIM)[0]
+    if name == "rope-ft":
+        assert torch.equal(at_1x, plain) and torch.equal(enc.inv_freq, plain)
+    elif name == "rope-dynamic-ft":  # dynamic stays dynamic: plain at 1x, scaled at 4x
+        assert torch.equal(at_1x, plain) and not torch.equal(enc.inv_freq, plain)
+    else:  # s = 4 at every eval length, 1x included
+        assert torch.equal(at_1x, enc.inv_freq) and not torch.equal(at_1x, plain)
+        zero_shot = build(name.removesuffix("-ft"))
+        zero_shot.set_eval_length(4 * T)
+        assert torch.equal(zero_shot.inv_freq, enc.inv_freq)
+
+
+def test_a_fixed_factor_from_the_config_and_what_it_changes():
+    enc = build("rope-yarn", factor=2.0)
+    enc.set_eval_length(T)  # fixed factor: scaled even at 1x
+    assert enc.attention_scale == pytest.approx(0.1 * math.log(2) + 1)
+    cfg = load_config(None, {"encodings": ["rope", "rope-yarn"], "model.encoding_options": {"rope-yarn": {"factor": 2}}})
+    plain = RunConfig()
+    assert cell_key(cfg, "rope", None, 0, "fp") == cell_key(plain, "rope", None, 0, "fp")  # same trained model
+    assert eval_key(cfg) != eval_key(plain)  # other numbers: re-evaluated, not skipped
+    with pytest.raises(ValueError, match="factor must be 0"):
+        build("rope-ntk", factor=0.5)
