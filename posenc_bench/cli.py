@@ -194,6 +194,28 @@ def cmd_gate(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def cmd_passkey(args: argparse.Namespace) -> int:
+    from posenc_bench import passkey
+    from posenc_bench.config import parse_eval_lens
+    from posenc_bench.runner import git_commit, versions
+
+    lm = passkey.load_lm(args.model, encoding=args.encoding, device=args.device,
+                         trust_remote_code=args.trust_remote_code, train_len=args.train_len)
+    lengths = parse_eval_lens(args.lengths, lm.train_len)
+    try:
+        depths = [float(d) for d in args.depths.split(",") if d.strip()]
+    except ValueError:
+        raise PosencError(f"--depths {args.depths!r}: give fractions, e.g. 0,0.25,0.5,0.75,1") from None
+    result = passkey.passkey_sweep(lm, lengths, depths, trials=args.trials, seed=args.seed, threshold=args.threshold)
+    text = passkey.markdown(result)
+    print(text, end="")
+    if args.out:
+        js, md = passkey.write(result, args.out, {"checkpoint": getattr(lm, "checkpoint_meta", None),
+                                                 "versions": versions(), "git_commit": git_commit()})
+        print(f"wrote {js} and {md}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="posenc-bench", description="Benchmark length extrapolation of positional encodings.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -256,6 +278,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="any config key, e.g. gate.per_encoding='{rope: {ratio_tol: 0.05}}'")
     g.add_argument("--progress", choices=("auto", "on", "off"), default="auto")
     g.set_defaults(func=cmd_gate)
+
+    pk = sub.add_parser("passkey", help="passkey retrieval accuracy by length and depth; the effective context")
+    pk.add_argument("--model", required=True, help="a checkpoint folder (results/x/checkpoints/rope-seed0) or hf:<model>")
+    pk.add_argument("--encoding", help="evaluate a checkpoint with an eval-only variant, e.g. rope-yarn on rope")
+    pk.add_argument("--lengths", default="1,2,4x", help="prompt lengths: absolute or multiples (default 1,2,4x)")
+    pk.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="needle depths, 0 = start, 1 = end of the filler")
+    pk.add_argument("--trials", type=int, default=5, help="random keys per (length, depth) (default 5)")
+    pk.add_argument("--seed", type=int, default=0)
+    pk.add_argument("--threshold", type=float, default=1.0, help="accuracy that counts as success (default 1.0)")
+    pk.add_argument("--train-len", type=int, help="a Hugging Face model's train length, if not its config's")
+    pk.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto")
+    pk.add_argument("--trust-remote-code", action="store_true", help="allow a hub model's own code (off by default)")
+    pk.add_argument("--out", help="folder for passkey.json and passkey.md")
+    pk.set_defaults(func=cmd_passkey)
 
     ls = sub.add_parser("list", help="registered encodings, one line each")
     ls.set_defaults(func=cmd_list)
