@@ -71,9 +71,8 @@ def train(model: torch.nn.Module, batches: TrainBatches, cfg, *, device: torch.d
     if dist is not None:
         from torch.nn.parallel import DistributedDataParallel
 
-        # buffers (position tables, masks) are deterministic functions of the config: no need to broadcast
-        net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                      broadcast_buffers=False)
+        # every rank built the same seeded model; DDP checks that and all-reduces gradients in backward
+        net = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     first_loss = None
     last_finite = None
     window_sum, window_n = 0.0, 0
@@ -92,7 +91,8 @@ def train(model: torch.nn.Module, batches: TrainBatches, cfg, *, device: torch.d
             start, curve, elapsed_before = state["step"], state["curve"], state["elapsed"]
             first_loss, last_finite = state["first_loss"], state["last_finite"]
             window_sum, window_n = state["window_sum"], state["window_n"]
-            log(f"  {desc}: resuming from step {start} of {cfg.steps}")
+            if is_main:
+                log(f"  {desc}: resuming from step {start} of {cfg.steps}")
     t0 = time.perf_counter() - elapsed_before
     with progress_bar(cfg.steps, desc, show_progress) as bar:
         bar.update(start)
