@@ -81,6 +81,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, _overrides(args, base.encodings))
     dist = distributed.from_env(cfg.device)  # None unless started by torchrun with more than one process
     try:
+        distributed.rows_of_rank(cfg.train.batch_size, dist, cfg.grad_accum)  # the batch splits: fail before any work
         if dist is not None and not dist.is_main:
             train_worker(cfg, dist)  # trains with rank 0, never writes
             return 0

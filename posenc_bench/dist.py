@@ -102,8 +102,7 @@ def from_env(device_name: str) -> Optional[Dist]:
         device, backend = torch.device("cpu"), "gloo"
     else:
         raise ConfigError(f"unknown device {device_name!r}; valid devices under torchrun: auto, cpu, cuda")
-    kwargs = {"device_id": device} if backend == "nccl" else {}
-    tdist.init_process_group(backend, rank=rank, world_size=world, **kwargs)
+    tdist.init_process_group(backend, rank=rank, world_size=world)
     control = tdist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
     return Dist(rank, world, local_rank, backend, device, control)
 

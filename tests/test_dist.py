@@ -85,7 +85,7 @@ def _worker(rank: int, port: int, tmp: str) -> None:
     _env(rank, 2, port)
     tmp = Path(tmp)
     # every rank is told its own folder: anything rank 1 wrote would show up in out-rank1
-    cfg = load_config("configs/ci.yaml", {**SWEEP, "out": str(tmp / f"out-rank{rank}")})
+    cfg = load_config("configs/ci.yaml", {**SWEEP, **_data(tmp), "out": str(tmp / f"out-rank{rank}")})
     dist = distributed.from_env(cfg.device)
     try:
         results = {
@@ -129,6 +129,9 @@ def ddp(tmp_path_factory):
     """The folder of one 2-process job (see _worker)."""
     tmp = tmp_path_factory.mktemp("ddp")
     (tmp / "train").mkdir()
+    (tmp / "corpus").mkdir()
+    for f in sorted(Path(__file__).resolve().parent.parent.joinpath("posenc_bench").rglob("*.py")):
+        (tmp / "corpus" / f.name).write_bytes(f.read_bytes())
     _interrupted_state(tmp / "train_state.pt")
     assert torch.load(tmp / "train_state.pt", weights_only=True)["step"] == 10
     _spawn(_worker, str(tmp))
@@ -179,6 +182,11 @@ SWEEP = {"encodings": ["rope", "rope-linear", "alibi"], "seeds": [0], "device": 
          "train.log_every": 2, "eval.tokens": 256, "eval.lens": ["1x", "2x"]}
 
 
+def _data(tmp: Path) -> dict:
+    """This package's own source files as a small corpus (the stdlib takes seconds to load in each process)."""
+    return {"data.source": str(tmp / "corpus"), "data.test_fraction": 0.3, "data.valid_fraction": 0.0}
+
+
 def _numbers(data):
     return {(r["encoding"], r["eval_len"]): (r["status"], r["ppl"], r["train_final_loss"]) for r in data["records"]}
 
@@ -189,7 +197,7 @@ def test_two_process_sweep_gives_the_single_process_numbers_and_only_rank_0_writ
     assert not (ddp / "out-rank1").exists()
     out0 = ddp / "out-rank0"
     data = json.loads((out0 / "results.json").read_text())
-    cfg = load_config("configs/ci.yaml", {**SWEEP, "out": str(tmp_path / "single")})
+    cfg = load_config("configs/ci.yaml", {**SWEEP, **_data(ddp), "out": str(tmp_path / "single")})
     single = Sweep(cfg, show_progress=False, log=lambda line: None).run()
     a, b = _numbers(data), _numbers(single)
     assert a.keys() == b.keys() and len(a) == 6
