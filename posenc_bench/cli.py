@@ -90,7 +90,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.fresh:
             remove_outputs(Path(cfg.out))
         progress = None if args.progress == "auto" else args.progress == "on"
-        data = Sweep(cfg, show_progress=progress, dist=dist, shard=shard).run()
+        sweep = None
+        try:
+            sweep = Sweep(cfg, show_progress=progress, dist=dist, shard=shard)
+            data = sweep.run()
+        except PosencError as e:
+            if dist is not None and not (sweep is not None and sweep.training):
+                dist.broadcast(("abort", str(e)))  # the other ranks wait for a command: end them cleanly
+            raise
     finally:
         if dist is not None:
             dist.close()

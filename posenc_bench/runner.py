@@ -21,7 +21,7 @@ from posenc_bench import __version__, encodings
 from posenc_bench.config import IDENTITY_KEYS, RunConfig, cell_key, eval_key, parse_row, row_name
 from posenc_bench.data import TrainBatches, eval_segments, load_corpus, tokens_fingerprint
 from posenc_bench.dist import Dist
-from posenc_bench.errors import ConfigError, PositionOutOfRange
+from posenc_bench.errors import ConfigError, PosencError, PositionOutOfRange
 from posenc_bench.evaluate import evaluate_length, segment_length
 from posenc_bench.model import DecoderLM
 from posenc_bench.report import results_csv, results_markdown
@@ -122,6 +122,7 @@ class Sweep:
         self.out = Path(cfg.out)
         self.dist = dist
         self.shard = shard
+        self.training = False  # inside a training that other ranks take part in
         self.results_name = "results.json" if shard is None else shard_file(*shard)
         self.device = dist.device if dist is not None else resolve_device(cfg.device)
         if cfg.threads:
@@ -218,10 +219,12 @@ class Sweep:
         state_path = ckpt / "train_state.pt"  # mid-run state: an interrupted run continues from it
         if self.dist is not None:
             self.dist.broadcast(("train", name, window, seed, key))  # the other ranks join this training
+        self.training = True
         outcome: TrainOutcome = train(model, self._train_batches(seed), cfg.train, device=self.device,
                                       autocast_dtype=self.autocast, show_progress=self.show_progress, desc=label,
                                       state_path=state_path, save_every=cfg.save_every, state_key=key, log=self.log,
                                       dist=self.dist, grad_accum=cfg.grad_accum)
+        self.training = False
         meta = {"cell_key": key, "encoding": trained_as, "window": window, "seed": seed,
                 "config": cfg.to_dict(), "corpus_fingerprint": self.corpus.fingerprint, "outcome": asdict(outcome)}
         save_checkpoint(ckpt, model if outcome.status == "ok" else None, meta)
@@ -318,6 +321,8 @@ def train_worker(cfg: RunConfig, dist: Dist) -> None:
         command = dist.broadcast()
         if command[0] == "stop":
             return
+        if command[0] == "abort":
+            raise PosencError(f"rank {dist.rank}: stopped because rank 0 failed: {command[1]}")
         _, name, window, seed, key = command
         mine = cell_key(cfg, name, window, seed, corpus.fingerprint)
         if mine != key:
