@@ -119,9 +119,10 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
     files = find_inputs(args.inputs)
     out = Path(args.out)
-    data, missing = merge_results(files, out)
+    data, missing, absent = merge_results(files, out)
+    gap = f"{len(missing)} cell(s) missing: {', '.join(missing)}" + (f" (no {', '.join(absent)})" if absent else "")
     if missing and not args.partial:
-        raise PosencError(f"{len(missing)} cell(s) missing: {', '.join(missing)}; run them, or merge with --partial")
+        raise PosencError(f"{gap}; run them, or merge with --partial")
     atomic_write_json(out / "results.json", data)
     atomic_write_text(out / "results.csv", results_csv(data))
     atomic_write_text(out / "table.md", results_markdown(data))
@@ -130,7 +131,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     cells = len({(r["encoding"], r["seed"]) for r in data["records"]})
     print(f"\nmerged {cells} cell(s) from {len(files)} file(s) into {out}/results.json, results.csv, table.md")
     if missing:
-        print(f"posenc-bench merge: warning: {len(missing)} cell(s) missing: {', '.join(missing)}", file=sys.stderr)
+        print(f"posenc-bench merge: warning: {gap}", file=sys.stderr)
     return 0
 
 

@@ -295,6 +295,9 @@ class Sweep:
                  + (f" (shard {self.shard[0]} of {self.shard[1]})" if self.shard else "")
                  + f", eval lengths {self.lengths}, {self.run_meta['eval_tokens']:,} target tokens each, "
                  f"device {self.run_meta['device']}, out {self.out}")
+        if self.shard is not None and not cells:
+            self.log(f"  shard {self.shard[0]} of {self.shard[1]} has no cells: the sweep has fewer trained models "
+                     "than shards")
         for row, seed in cells:
             self.run_cell(row, seed)
         if self.dist is not None:

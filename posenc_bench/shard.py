@@ -117,8 +117,9 @@ def _expected_cells(run: dict) -> list[tuple[str, int]]:
     return [(row, seed) for row in run["rows"] for seed in run["config"]["seeds"]]
 
 
-def merge_results(files: list[Path], out: Optional[Path] = None) -> tuple[dict, list[str]]:
-    """(merged results dict, descriptions of missing cells). Raises ResultsError for inputs that do not fit."""
+def merge_results(files: list[Path], out: Optional[Path] = None) -> tuple[dict, list[str], list[str]]:
+    """(merged results, missing cells as "rope seed 1", missing shard files). Raises ResultsError for inputs
+    that do not belong together."""
     datas = [read_results(f) for f in files]
     ref_file, ref = files[0], datas[0]
     counts = {d["run"]["shard"]["count"] for d in datas if "shard" in d["run"]}
@@ -162,10 +163,10 @@ def merge_results(files: list[Path], out: Optional[Path] = None) -> tuple[dict, 
 
     missing = [f"{row} seed {seed}" for row, seed in expected if (row, seed) not in cells]
     shard_runs = [d["run"]["shard"] for d in datas if "shard" in d["run"]]
+    absent: list[str] = []
     if shard_runs:
         n = shard_runs[0]["count"]
-        absent = sorted(set(range(1, n + 1)) - {s["index"] for s in shard_runs})
-        missing += [f"(no {shard_file(i, n)})" for i in absent]
+        absent = [shard_file(i, n) for i in sorted(set(range(1, n + 1)) - {s["index"] for s in shard_runs})]
 
     order = {c: k for k, c in enumerate(expected)}
     run = copy.deepcopy(ref["run"])
@@ -183,4 +184,4 @@ def merge_results(files: list[Path], out: Optional[Path] = None) -> tuple[dict, 
         for f, d in zip(files, datas)
     ]
     records = [r for c in sorted(cells, key=order.__getitem__) for r in cells[c]]
-    return {"schema_version": ref["schema_version"], "run": run, "records": records}, missing
+    return {"schema_version": ref["schema_version"], "run": run, "records": records}, missing, absent

@@ -156,3 +156,10 @@ def test_bad_shard_is_one_clear_line_and_exit_2(value, capsys, tmp_path):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"--shard {value!r}" in err and "e.g. 3/16" in err
     assert not (tmp_path / "x").exists()
+
+
+def test_more_shards_than_models_leaves_a_shard_empty_and_says_so(sweeps, tmp_path, capsys):
+    data = ["--data", str(sweeps / "corpus"), "--set", "data.test_fraction=0.3", "--set", "data.valid_fraction=0"]
+    assert main(["run", *TINY, *data, "--shard", "5/5", "--out", str(tmp_path)]) == 0  # 4 models, 5 shards
+    assert "shard 5 of 5 has no cells" in capsys.readouterr().out
+    assert json.loads((tmp_path / "results.shard-5-of-5.json").read_text())["records"] == []
