@@ -88,7 +88,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("effective config:")
         print(yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
         if args.fresh:
-            remove_outputs(Path(cfg.out))
+            remove_outputs(Path(cfg.out), cfg, shard)
         progress = None if args.progress == "auto" else args.progress == "on"
         sweep = None
         try:

@@ -26,10 +26,8 @@ from posenc_bench.evaluate import evaluate_length, segment_length
 from posenc_bench.model import DecoderLM
 from posenc_bench.report import results_csv, results_markdown
 from posenc_bench.results import ResultsStore, atomic_write, atomic_write_text, read_results
-from posenc_bench.shard import shard_cells, shard_file, shard_meta
+from posenc_bench.shard import shard_cells, shard_file, shard_meta, training_unit
 from posenc_bench.train import TrainOutcome, train
-
-_IDENTITY_KEYS = IDENTITY_KEYS
 
 
 def resolve_device(name: str) -> torch.device:
@@ -159,7 +157,7 @@ class Sweep:
             return ResultsStore(path, self.run_meta)
         old = read_results(path)
         old_cfg, new_cfg = old["run"]["config"], self.run_meta["config"]
-        for key in _IDENTITY_KEYS:
+        for key in IDENTITY_KEYS:
             if old_cfg.get(key) != new_cfg.get(key):
                 raise ConfigError(
                     f"{path} holds results made with a different {key!r} config "
@@ -338,7 +336,16 @@ def train_worker(cfg: RunConfig, dist: Dist) -> None:
               state_key=key, log=lambda line: None, dist=dist, grad_accum=cfg.grad_accum)
 
 
-def remove_outputs(out: Path) -> None:
-    """Delete a results folder (``run --fresh``)."""
-    if out.exists():
-        shutil.rmtree(out)
+def remove_outputs(out: Path, cfg: Optional[RunConfig] = None, shard: Optional[tuple[int, int]] = None) -> None:
+    """Delete a results folder (``run --fresh``); for a shard, only its results file and its cells' checkpoints
+    (the folder is shared with the other shards)."""
+    if shard is None:
+        if out.exists():
+            shutil.rmtree(out)
+        return
+    (out / shard_file(*shard)).unlink(missing_ok=True)
+    for row, seed in sorted({training_unit(*c) for c in shard_cells(cfg.cells(), *shard)}):
+        name, window = parse_row(row)
+        ckpt = _checkpoint_dir(out, name, window, seed)
+        if ckpt.exists():
+            shutil.rmtree(ckpt)

@@ -163,3 +163,21 @@ def test_more_shards_than_models_leaves_a_shard_empty_and_says_so(sweeps, tmp_pa
     assert main(["run", *TINY, *data, "--shard", "5/5", "--out", str(tmp_path)]) == 0  # 4 models, 5 shards
     assert "shard 5 of 5 has no cells" in capsys.readouterr().out
     assert json.loads((tmp_path / "results.shard-5-of-5.json").read_text())["records"] == []
+
+
+def test_fresh_on_a_shard_removes_only_that_shard(sweeps, tmp_path):
+    import shutil
+
+    shared = tmp_path / "shared"
+    shutil.copytree(sweeps / "shared", shared)
+    from posenc_bench.runner import remove_outputs
+
+    cfg = load_config(str(sweeps / "single" / "config.yaml"))
+    remove_outputs(shared, cfg, (2, 3))
+    assert sorted(p.name for p in shared.glob("results.shard-*")) == ["results.shard-1-of-3.json", "results.shard-3-of-3.json"]
+    gone = {f"{r}-seed{s}" for r, s in {training_unit(*c) for c in shard_cells(cfg.cells(), 2, 3)}}
+    left = {p.name for p in (shared / "checkpoints").iterdir()}
+    assert len(gone) == 1 and not gone & left and len(left) == 3
+    for i in (1, 3):  # the other shards' files are untouched
+        assert (shared / f"results.shard-{i}-of-3.json").read_bytes() == \
+            (sweeps / "shared" / f"results.shard-{i}-of-3.json").read_bytes()
