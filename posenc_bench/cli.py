@@ -132,6 +132,11 @@ def cmd_merge(args: argparse.Namespace) -> int:
     print(f"\nmerged {cells} cell(s) from {len(files)} file(s) into {out}/results.json, results.csv, table.md")
     if missing:
         print(f"posenc-bench merge: warning: {gap}", file=sys.stderr)
+    for what in ("git_commit", "device"):
+        seen = sorted({m[what] for m in data["run"]["merged_from"]})
+        if len(seen) > 1:  # allowed (each record keeps its own), but worth knowing
+            print(f"posenc-bench merge: note: the inputs were made with {len(seen)} different {what}s: "
+                  f"{', '.join(seen)}", file=sys.stderr)
     return 0
 
 

@@ -119,6 +119,15 @@ def test_merge_refuses_shards_of_different_splits(sweeps, tmp_path, capsys):
     assert "n=3 and n=4" in capsys.readouterr().err
 
 
+def test_merge_notes_inputs_from_different_commits(sweeps, tmp_path, capsys):
+    for i in (1, 2, 3):
+        data = json.loads((sweeps / "shared" / f"results.shard-{i}-of-3.json").read_text())
+        data["run"]["git_commit"] = f"commit{i % 2}"
+        (tmp_path / f"results.shard-{i}-of-3.json").write_text(json.dumps(data))
+    assert main(["merge", str(tmp_path), "--out", str(tmp_path / "m")]) == 0
+    assert "2 different git_commits: commit0, commit1" in capsys.readouterr().err
+
+
 def test_merge_into_the_shard_folder_and_again(sweeps, capsys):
     shared = sweeps / "shared"
     assert main(["merge", str(shared), "--out", str(shared)]) == 0
