@@ -203,7 +203,7 @@ def test_two_process_sweep_gives_the_single_process_numbers_and_only_rank_0_writ
     assert a.keys() == b.keys() and len(a) == 6
     for key in a:
         assert a[key][0] == b[key][0] == "ok"
-        assert a[key][1] == pytest.approx(b[key][1], rel=1e-4), key
+        assert a[key][1] == pytest.approx(b[key][1], rel=1e-6), key  # measured 1.1e-8
         assert a[key][2] == pytest.approx(b[key][2], abs=LOSS_TOL), key
     assert "x2 (DDP 2 processes, gloo)" in data["run"]["device"]
     files = sorted(p.relative_to(out0).as_posix() for p in out0.rglob("*"))
