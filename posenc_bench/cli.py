@@ -47,7 +47,7 @@ def _overrides(args: argparse.Namespace, base_encodings: list[str]) -> dict[str,
         "train_len": "train.train_len", "steps": "train.steps", "batch_size": "train.batch_size", "lr": "train.lr",
         "eval_tokens": "eval.tokens", "window": "window", "device": "device", "out": "out", "threads": "threads",
         "data": "data.source", "d_model": "model.d_model", "n_layers": "model.n_layers", "n_heads": "model.n_heads",
-        "precision": "precision",
+        "precision": "precision", "grad_accum": "grad_accum",
     }
     for attr, key in simple.items():
         value = getattr(args, attr, None)
@@ -70,21 +70,73 @@ def _overrides(args: argparse.Namespace, base_encodings: list[str]) -> dict[str,
 def cmd_run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from posenc_bench import dist as distributed
     from posenc_bench.config import load_config
-    from posenc_bench.runner import Sweep, remove_outputs
+    from posenc_bench.report import results_markdown
+    from posenc_bench.runner import Sweep, remove_outputs, train_worker
+    from posenc_bench.shard import parse_shard, shard_file
 
+    shard = parse_shard(args.shard) if args.shard is not None else None
     base = load_config(args.config)
     cfg = load_config(args.config, _overrides(args, base.encodings))
-    print("effective config:")
-    print(yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
-    if args.fresh:
-        remove_outputs(Path(cfg.out))
-    progress = None if args.progress == "auto" else args.progress == "on"
-    sweep = Sweep(cfg, show_progress=progress)
-    sweep.run()
+    dist = distributed.from_env(cfg.device)  # None unless started by torchrun with more than one process
+    try:
+        distributed.rows_of_rank(cfg.train.batch_size, dist, cfg.grad_accum)  # the batch splits: fail before any work
+        if dist is not None and not dist.is_main:
+            train_worker(cfg, dist)  # trains with rank 0, never writes
+            return 0
+        print("effective config:")
+        print(yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
+        if args.fresh:
+            remove_outputs(Path(cfg.out), cfg, shard)
+        progress = None if args.progress == "auto" else args.progress == "on"
+        sweep = None
+        try:
+            sweep = Sweep(cfg, show_progress=progress, dist=dist, shard=shard)
+            data = sweep.run()
+        except PosencError as e:
+            if dist is not None and not (sweep is not None and sweep.training):
+                dist.broadcast(("abort", str(e)))  # the other ranks wait for a command: end them cleanly
+            raise
+    finally:
+        if dist is not None:
+            dist.close()
     print()
-    print((Path(cfg.out) / "table.md").read_text().rstrip())
-    print(f"\nwrote {cfg.out}/results.json, results.csv, table.md")
+    print(results_markdown(data).rstrip())
+    if shard is not None:
+        print(f"\nwrote {cfg.out}/{shard_file(*shard)}; when every shard is done: posenc-bench merge {cfg.out} --out <folder>")
+    else:
+        print(f"\nwrote {cfg.out}/results.json, results.csv, table.md")
+    return 0
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from posenc_bench.report import results_csv, results_markdown
+    from posenc_bench.results import atomic_write_json, atomic_write_text
+    from posenc_bench.shard import find_inputs, merge_results
+
+    files = find_inputs(args.inputs)
+    out = Path(args.out)
+    data, missing, absent = merge_results(files, out)
+    gap = f"{len(missing)} cell(s) missing: {', '.join(missing)}" + (f" (no {', '.join(absent)})" if absent else "")
+    if missing and not args.partial:
+        raise PosencError(f"{gap}; run them, or merge with --partial")
+    atomic_write_json(out / "results.json", data)
+    atomic_write_text(out / "results.csv", results_csv(data))
+    atomic_write_text(out / "table.md", results_markdown(data))
+    atomic_write_text(out / "config.yaml", yaml.safe_dump(data["run"]["config"], sort_keys=False))
+    print(results_markdown(data).rstrip())
+    cells = len({(r["encoding"], r["seed"]) for r in data["records"]})
+    print(f"\nmerged {cells} cell(s) from {len(files)} file(s) into {out}/results.json, results.csv, table.md")
+    if missing:
+        print(f"posenc-bench merge: warning: {gap}", file=sys.stderr)
+    for what in ("git_commit", "device"):
+        seen = sorted({m[what] for m in data["run"]["merged_from"]})
+        if len(seen) > 1:  # allowed (each record keeps its own), but worth knowing
+            print(f"posenc-bench merge: note: the inputs were made with {len(seen)} different {what}s: "
+                  f"{', '.join(seen)}", file=sys.stderr)
     return 0
 
 
@@ -242,6 +294,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="any config key, e.g. train.warmup_steps=50")
     r.add_argument("--fresh", action="store_true", help="delete the output folder first instead of resuming")
     r.add_argument("--progress", choices=("auto", "on", "off"), default="auto")
+    r.add_argument("--shard", metavar="I/N", help="run shard I of N of the (encoding, seed) cells (1-based); "
+                   "writes results.shard-I-of-N.json; join with merge")
+    r.add_argument("--grad-accum", type=int, help="micro-batches per step and process (the global batch stays "
+                   "--batch-size)")
     r.set_defaults(func=cmd_run)
 
     rp = sub.add_parser("report", help="comparison table from results folders (Markdown, CSV, LaTeX, HTML, JSON)")
@@ -292,6 +348,11 @@ def build_parser() -> argparse.ArgumentParser:
     pk.add_argument("--trust-remote-code", action="store_true", help="allow a hub model's own code (off by default)")
     pk.add_argument("--out", help="folder for passkey.json and passkey.md")
     pk.set_defaults(func=cmd_passkey)
+    m = sub.add_parser("merge", help="join the results of run --shard i/n (or of separate runs) into one table")
+    m.add_argument("inputs", nargs="+", help="shard folders or results files")
+    m.add_argument("--out", required=True, help="folder for the merged results.json, results.csv, table.md")
+    m.add_argument("--partial", action="store_true", help="write even when cells are missing (listed on stderr)")
+    m.set_defaults(func=cmd_merge)
 
     ls = sub.add_parser("list", help="registered encodings, one line each")
     ls.set_defaults(func=cmd_list)

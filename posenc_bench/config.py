@@ -24,6 +24,8 @@ from posenc_bench.data import VOCAB_SIZE
 from posenc_bench.model import ModelConfig
 
 DEFAULT_EVAL_LENS = ["1x", "1.5x", "2x", "4x"]
+# Config sections that must match for records in one output folder (or merged shards) to belong to one table.
+IDENTITY_KEYS = ("model", "train", "data", "window", "precision")
 
 
 @dataclass
@@ -85,6 +87,9 @@ class RunConfig:
     max_mask_bytes: int = 64 << 20  # memory budget of one attention-mask chunk
     save_every: int = 100  # training steps between resumable mid-run saves (0: only at the end)
     plugins: list = field(default_factory=list)  # modules imported first, e.g. your package's @register encodings
+    # micro-batches per step and process: train.batch_size stays the global batch (how the work is cut, like
+    # device and threads: not part of a cell's identity; the loss is the mean over the global batch either way)
+    grad_accum: int = 1
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -291,6 +296,8 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"window must be >= 1 token, got {cfg.window}")
     if cfg.save_every < 0:
         raise ConfigError(f"save_every must be >= 0 steps (0 = only at the end), got {cfg.save_every}")
+    if cfg.grad_accum < 1 or cfg.train.batch_size % cfg.grad_accum:
+        raise ConfigError(f"grad_accum must be >= 1 and divide train.batch_size {cfg.train.batch_size}, got {cfg.grad_accum}")
     if cfg.threads is not None and cfg.threads < 1:
         raise ConfigError(f"threads must be >= 1, got {cfg.threads}")
     if cfg.model.vocab_size < VOCAB_SIZE:

@@ -111,7 +111,7 @@ def _describe(c: Check) -> str:
 
 IGNORED = {  # settings that do not change a number, or are compared another way (eval.lens: as eval lengths)
     "config.out", "config.device", "config.threads", "config.max_mask_bytes", "config.save_every",
-    "config.eval.batch_tokens", "config.eval.lens", "config.encodings", "config.seeds", "config.gate", "config.train.log_every", "config.plugins",
+    "config.eval.batch_tokens", "config.eval.lens", "config.encodings", "config.seeds", "config.gate", "config.train.log_every", "config.plugins", "config.grad_accum",
 }
 
 

@@ -18,17 +18,16 @@ import torch
 import yaml
 
 from posenc_bench import __version__, encodings
-from posenc_bench.config import RunConfig, cell_key, eval_key, parse_row, row_name
+from posenc_bench.config import IDENTITY_KEYS, RunConfig, cell_key, eval_key, parse_row, row_name
 from posenc_bench.data import TrainBatches, eval_segments, load_corpus, tokens_fingerprint
-from posenc_bench.errors import ConfigError, PositionOutOfRange
+from posenc_bench.dist import Dist
+from posenc_bench.errors import ConfigError, PosencError, PositionOutOfRange
 from posenc_bench.evaluate import evaluate_length, segment_length
 from posenc_bench.model import DecoderLM
 from posenc_bench.report import results_csv, results_markdown
 from posenc_bench.results import ResultsStore, atomic_write, atomic_write_text, read_results
+from posenc_bench.shard import shard_cells, shard_file, shard_meta, training_unit
 from posenc_bench.train import TrainOutcome, train
-
-# Config sections that must match for records in one output folder to belong to one table.
-_IDENTITY_KEYS = ("model", "train", "data", "window", "precision")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -111,12 +110,19 @@ def save_checkpoint(path: Path, model: Optional[torch.nn.Module], meta: dict) ->
 class Sweep:
     """One `posenc-bench run`: data and metadata prepared once, then cells trained and evaluated in order."""
 
-    def __init__(self, cfg: RunConfig, *, log: Callable[[str], None] = print, show_progress: Optional[bool] = None):
+    def __init__(self, cfg: RunConfig, *, log: Callable[[str], None] = print, show_progress: Optional[bool] = None,
+                 dist: Optional[Dist] = None, shard: Optional[tuple[int, int]] = None):
+        """``dist``: this is rank 0 of a torchrun job (the other ranks run :func:`train_worker`).
+        ``shard``: (i, n) runs shard i of n of the cells into results.shard-<i>-of-<n>.json (see shard.py)."""
         self.cfg = cfg
         self.log = log
         self.show_progress = show_progress
         self.out = Path(cfg.out)
-        self.device = resolve_device(cfg.device)
+        self.dist = dist
+        self.shard = shard
+        self.training = False  # inside a training that other ranks take part in
+        self.results_name = "results.json" if shard is None else shard_file(*shard)
+        self.device = dist.device if dist is not None else resolve_device(cfg.device)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.autocast = {"fp32": None, "bf16": torch.bfloat16}[cfg.precision]
@@ -136,20 +142,22 @@ class Sweep:
             "corpus": self.corpus.describe(),
             "params": sum(p.numel() for p in DecoderLM(cfg.model, "nope", cfg.train.train_len).parameters()),
             "versions": versions(),
-            "device": device_description(self.device),
+            "device": device_description(self.device) + (f" x{dist.world_size} ({dist.describe()})" if dist else ""),
             "git_commit": git_commit(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
+        if shard is not None:
+            self.run_meta["shard"] = shard_meta(cfg, *shard)
         self.store = self._open_store()
 
     # ---- results folder ------------------------------------------------------------------------------
     def _open_store(self) -> ResultsStore:
-        path = self.out / "results.json"
+        path = self.out / self.results_name
         if not path.exists():
             return ResultsStore(path, self.run_meta)
         old = read_results(path)
         old_cfg, new_cfg = old["run"]["config"], self.run_meta["config"]
-        for key in _IDENTITY_KEYS:
+        for key in IDENTITY_KEYS:
             if old_cfg.get(key) != new_cfg.get(key):
                 raise ConfigError(
                     f"{path} holds results made with a different {key!r} config "
@@ -207,9 +215,14 @@ class Sweep:
         label = f"{row_name(name, window)} seed {seed}"
         ckpt.mkdir(parents=True, exist_ok=True)
         state_path = ckpt / "train_state.pt"  # mid-run state: an interrupted run continues from it
+        if self.dist is not None:
+            self.dist.broadcast(("train", name, window, seed, key))  # the other ranks join this training
+        self.training = True
         outcome: TrainOutcome = train(model, self._train_batches(seed), cfg.train, device=self.device,
                                       autocast_dtype=self.autocast, show_progress=self.show_progress, desc=label,
-                                      state_path=state_path, save_every=cfg.save_every, state_key=key, log=self.log)
+                                      state_path=state_path, save_every=cfg.save_every, state_key=key, log=self.log,
+                                      dist=self.dist, grad_accum=cfg.grad_accum)
+        self.training = False
         meta = {"cell_key": key, "encoding": trained_as, "window": window, "seed": seed,
                 "config": cfg.to_dict(), "corpus_fingerprint": self.corpus.fingerprint, "outcome": asdict(outcome)}
         save_checkpoint(ckpt, model if outcome.status == "ok" else None, meta)
@@ -274,17 +287,65 @@ class Sweep:
         atomic_write_text(self.out / "config.yaml", yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
         self.store.save()
         cells = self.cfg.cells()
-        self.log(f"posenc-bench run: {len(cells)} cell(s), eval lengths {self.lengths}, "
-                 f"{self.run_meta['eval_tokens']:,} target tokens each, device {self.run_meta['device']}, out {self.out}")
+        if self.shard is not None:
+            cells = shard_cells(cells, *self.shard)
+        self.log(f"posenc-bench run: {len(cells)} cell(s)"
+                 + (f" (shard {self.shard[0]} of {self.shard[1]})" if self.shard else "")
+                 + f", eval lengths {self.lengths}, {self.run_meta['eval_tokens']:,} target tokens each, "
+                 f"device {self.run_meta['device']}, out {self.out}")
+        if self.shard is not None and not cells:
+            self.log(f"  shard {self.shard[0]} of {self.shard[1]} has no cells: the sweep has fewer trained models "
+                     "than shards")
         for row, seed in cells:
             self.run_cell(row, seed)
+        if self.dist is not None:
+            self.dist.broadcast(("stop",))
         data = self.store.as_dict()
+        if self.shard is not None:  # one table for all shards: posenc-bench merge
+            return data
         atomic_write_text(self.out / "results.csv", results_csv(data))
         atomic_write_text(self.out / "table.md", results_markdown(data))
         return data
 
 
-def remove_outputs(out: Path) -> None:
-    """Delete a results folder (``run --fresh``)."""
-    if out.exists():
-        shutil.rmtree(out)
+def train_worker(cfg: RunConfig, dist: Dist) -> None:
+    """Ranks 1.. of a torchrun job: train what rank 0's Sweep asks for, until it says stop. Never writes.
+
+    Each rank loads the corpus itself and checks that its cell key is rank 0's (same config, same data)."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    autocast = {"fp32": None, "bf16": torch.bfloat16}[cfg.precision]
+    corpus = load_corpus(cfg.data.source, valid_fraction=cfg.data.valid_fraction,
+                         test_fraction=cfg.data.test_fraction, text_field=cfg.data.text_field)
+    stream = corpus.stream("train")
+    while True:
+        command = dist.broadcast()
+        if command[0] == "stop":
+            return
+        if command[0] == "abort":
+            raise PosencError(f"rank {dist.rank}: stopped because rank 0 failed: {command[1]}")
+        _, name, window, seed, key = command
+        mine = cell_key(cfg, name, window, seed, corpus.fingerprint)
+        if mine != key:
+            raise ConfigError(f"rank {dist.rank}: cell {row_name(name, window)} seed {seed} has key {mine} here and "
+                              f"{key} on rank 0: every process needs the same config and data")
+        model = DecoderLM(cfg.model, name, cfg.train.train_len, window=window, seed=seed,
+                          max_mask_bytes=cfg.max_mask_bytes)
+        train(model, TrainBatches(stream, cfg.train.train_len, cfg.train.batch_size, seed), cfg.train,
+              device=dist.device, autocast_dtype=autocast, show_progress=False, save_every=cfg.save_every,
+              state_key=key, log=lambda line: None, dist=dist, grad_accum=cfg.grad_accum)
+
+
+def remove_outputs(out: Path, cfg: Optional[RunConfig] = None, shard: Optional[tuple[int, int]] = None) -> None:
+    """Delete a results folder (``run --fresh``); for a shard, only its results file and its cells' checkpoints
+    (the folder is shared with the other shards)."""
+    if shard is None:
+        if out.exists():
+            shutil.rmtree(out)
+        return
+    (out / shard_file(*shard)).unlink(missing_ok=True)
+    for row, seed in sorted({training_unit(*c) for c in shard_cells(cfg.cells(), *shard)}):
+        name, window = parse_row(row)
+        ckpt = _checkpoint_dir(out, name, window, seed)
+        if ckpt.exists():
+            shutil.rmtree(ckpt)

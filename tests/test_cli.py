@@ -149,8 +149,9 @@ def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, capsys, args, message)
 def test_list_and_console_script_exit_codes():
     res = subprocess.run([sys.executable, "-m", "posenc_bench", "list"], capture_output=True, text=True)
     assert res.returncode == 0
-    assert [line.split()[0] for line in res.stdout.splitlines()][:7] == [
-        "sinusoidal", "learned", "rope", "rope-linear", "t5", "alibi", "nope"]
+    names = [line.split()[0] for line in res.stdout.splitlines()]
+    assert names[:4] == ["sinusoidal", "learned", "rope", "rope-linear"] and names[-4:] == ["t5", "alibi", "nope", "<name>+sw<W>"]
+    assert "rope-yarn" in names and "rope-linear-ft" in names
     bad = subprocess.run([sys.executable, "-m", "posenc_bench", "run", "--encodings", "xpos"], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown encoding 'xpos'" in bad.stderr
 
@@ -209,7 +210,9 @@ def test_interrupted_training_continues_from_its_last_save(tmp_path, capsys, mon
 @pytest.mark.parametrize("value,expected", [
     ("rope,alibi,-learned", ["rope", "alibi"]),
     ("-learned,-rope-linear", ["sinusoidal", "t5", "rope", "alibi", "nope"]),
-    ("all,-nope", ["sinusoidal", "learned", "rope", "rope-linear", "t5", "alibi"]),
+    ("all,-nope,-rope-ft", ["sinusoidal", "learned", "rope", "rope-linear", "rope-ntk", "rope-dynamic", "rope-yarn",
+                            "rope-llama3", "rope-linear-ft", "rope-ntk-ft", "rope-dynamic-ft", "rope-yarn-ft",
+                            "rope-llama3-ft", "t5", "alibi"]),
     ("rope+sw16,alibi", ["rope+sw16", "alibi"]),
 ])
 def test_encodings_flag(value, expected):

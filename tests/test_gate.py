@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from posenc_bench import gate
 from posenc_bench.cli import main
 from posenc_bench.config import RunConfig
 

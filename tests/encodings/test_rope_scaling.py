@@ -73,7 +73,7 @@ def test_frequencies_and_attention_scale_equal_transformers_rotary_embedding(nam
     enc = build(name)
     enc.set_eval_length(length)
     assert torch.equal(enc.inv_freq, hf.inv_freq) and enc.attention_scale == pytest.approx(hf.attention_scaling)
-    q, k = torch.randn(1, HEADS, length, HEAD_DIM), torch.randn(1, HEADS, length, HEAD_DIM)
+    q = torch.randn(1, HEADS, length, HEAD_DIM)
     cos, sin = hf(q, torch.arange(length)[None])  # (1, L, D), already times attention_scaling
     ours_cos, ours_sin = rope_cos_sin(torch.arange(length), enc.inv_freq, enc.attention_scale)
     assert torch.allclose(ours_cos, cos[0], atol=1e-4) and torch.allclose(ours_sin, sin[0], atol=1e-4)
