@@ -83,6 +83,8 @@ def markdown(table: pd.DataFrame, footnotes: list[str], caption: str = "") -> st
 
 
 def caption(run: dict) -> str:
+    if run.get("kind") == "eval" and run["model"].get("kind") == "hf":
+        return hf_caption(run)
     cfg = run["config"]
     m, t = cfg["model"], cfg["train"]
     seeds = cfg["seeds"]
@@ -95,6 +97,23 @@ def caption(run: dict) -> str:
         f"{run['eval_tokens']:,} {cfg['eval']['split']} tokens scored at every length "
         f"(eval {run['eval_fingerprint']}); seeds {','.join(map(str, seeds))}; device {run['device']}; "
         f"torch {run['versions']['torch']}; commit {commit}."
+    )
+
+
+def hf_caption(run: dict) -> str:
+    """Caption of a `posenc-bench eval` table of a pretrained Hugging Face model."""
+    m = run["model"]
+    sha, dirty, _ = run["git_commit"].partition("-dirty")
+    what = m["ref"] + (f"/{m['gguf_file']}" if m.get("gguf_file") else "")
+    revision = m.get("file_sha256") or m.get("files_sha256") or m.get("hub_commit") or "?"
+    return (
+        f"Pretrained {m['class']} {what} (revision {revision}), {m['params']:,} parameters, {m['dtype']}; "
+        f"train length {run['train_len']} ({run['train_len_source']}); tokenizer {m['tokenizer']['class']} "
+        f"(vocab {m['tokenizer']['vocab_size']:,}, document separator {run['doc_separator']}); "
+        f"corpus {run['corpus']['source']} ({run['corpus']['fingerprint']}), {run['eval_tokens']:,} test tokens "
+        f"({run['eval_bytes']:,} bytes) scored at every length (eval {run['eval_fingerprint']}); device {run['device']}; "
+        f"torch {run['versions']['torch']}, transformers {run['versions']['transformers']}; "
+        f"commit {sha[:12] + ('-dirty' if dirty else '')}."
     )
 
 
