@@ -253,6 +253,19 @@ class HFModel:
             for parent, attr, module in originals:
                 setattr(parent, attr, module)
 
+    def scaling_is_identity(self, length: int) -> bool:
+        """Inside ``scaled``: do the rotary modules give the unscaled model's cos/sin at this length (same
+        inv_freq and attention scale, and no dynamic update below it)? Then its numbers are the unscaled ones."""
+        for (parent, attr, original) in self.rotary:
+            new = getattr(parent, attr)
+            if new is original:
+                continue
+            if "dynamic" in new.rope_type and length > new.original_max_seq_len:
+                return False
+            if not torch.equal(new.inv_freq, original.inv_freq) or new.attention_scaling != original.attention_scaling:
+                return False
+        return True
+
     def rotary_modules(self) -> list[torch.nn.Module]:
         return [getattr(parent, attr) for parent, attr, _ in self.rotary]
 
@@ -496,7 +509,7 @@ def eval_hf(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], None] = pri
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     out = Path(opts.out or f"results/eval-{_slug(spec.name)}")
-    store = _open_store(out, run_meta, opts.fresh, ("kind", "eval_fingerprint", "eval_lengths", "train_len"))
+    store = _open_store(out, run_meta, opts.fresh, ("kind", "model", "eval_fingerprint", "eval_lengths", "train_len"))
     store.save()
     log(f"posenc-bench eval: {row} ({model_info['class']}, {model_info['params']:,} parameters, {opts.dtype}), "
         f"train length {train_len} from {len_source}; lengths {lengths}; {run_meta['eval_tokens']:,} target tokens "
@@ -504,10 +517,13 @@ def eval_hf(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], None] = pri
     rope_problem = hf.rope_problem()
     limit = hf.position_limit()
     key = _eval_key(eval_ident)
+    unscaled: dict[int, dict] = {}  # length -> the unscaled row's result (reused where a scaling is the identity)
     for r, scaling in zip(rows, [None] + list(opts.rope_scaling)):
         done = store.cell(r, 0)
         if done and {d["eval_len"] for d in done} >= set(lengths) and all(d.get("eval_key") == key for d in done):
             log(f"  {r}: done before, skipped")
+            if scaling is None:
+                unscaled.update({d["eval_len"]: d for d in done if d["status"] == "ok"})
             continue
         records = []
         for L in lengths:
@@ -532,13 +548,19 @@ def eval_hf(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], None] = pri
             rec["rope_parameters"] = params
             try:
                 with hf.scaled(params, scaled_max_positions(scaling or "", factor, train_len)):
-                    res = evaluate_length(None, segments, L, batch_tokens=L, buckets=64, bucket_span=max(lengths),
-                                          device=device, show_progress=opts.show_progress, token_bytes=seg_bytes,
-                                          nll_fn=hf.nll)
+                    if scaling is not None and L in unscaled and hf.scaling_is_identity(L):
+                        res = unscaled[L]  # bit-identical frequencies (factor 1): the unscaled model's numbers
+                        rec["same_as"] = row
+                    else:
+                        res = evaluate_length(None, segments, L, batch_tokens=L, buckets=64, bucket_span=max(lengths),
+                                              device=device, show_progress=opts.show_progress, token_bytes=seg_bytes,
+                                              nll_fn=hf.nll)
             except PosencError as e:
                 rec.update(status="n/a", reason=str(e))
                 records.append(rec)
                 continue
+            if scaling is None:
+                unscaled[L] = res
             rec.update({k: res[k] for k in ("ppl", "bpb", "loss", "tokens", "bytes", "loss_by_position", "eval_time_s")})
             records.append(rec)
         log(_summary(r, records))
