@@ -9,7 +9,8 @@
    token of every window is context only: it was the previous window's last target (or, for the first
    window, the segment's leading token). This is the same for every length; only the context changes.
 4. ppl = exp(sum of target NLL / number of targets), token-weighted over all windows and segments;
-   bpb = sum NLL / ln 2 / bytes of text behind the targets (BOS targets mark document starts, 0 bytes).
+   bpb = sum NLL / ln 2 / bytes of text behind the targets (BOS targets mark document starts, 0 bytes; with
+   another tokenizer, ``token_bytes`` gives each token's UTF-8 bytes, see ``hf.py``).
 """
 
 from __future__ import annotations

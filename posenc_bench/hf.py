@@ -549,7 +549,7 @@ def eval_hf(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], None] = pri
             try:
                 with hf.scaled(params, scaled_max_positions(scaling or "", factor, train_len)):
                     if scaling is not None and L in unscaled and hf.scaling_is_identity(L):
-                        res = unscaled[L]  # bit-identical frequencies (factor 1): the unscaled model's numbers
+                        res = {**unscaled[L], "eval_time_s": 0.0}  # bit-identical frequencies: the unscaled numbers
                         rec["same_as"] = row
                     else:
                         res = evaluate_length(None, segments, L, batch_tokens=L, buckets=64, bucket_span=max(lengths),
