@@ -170,6 +170,18 @@ def test_scaling_is_what_transformers_computes_for_that_config(llama_dir, scalin
     torch.testing.assert_close(restored.inv_freq, default_inv_freq)
 
 
+def test_chunked_lm_head_equals_full_logits(llama_dir):
+    """The loss from the last hidden state, LM head applied 7 positions at a time, equals the full-logits loss."""
+    model = hf.HFModel(hf.resolve_model(f"hf:{llama_dir}"), device=torch.device("cpu"), head_chunk_bytes=4 * 320 * 7)
+    assert model.chunked
+    ids = torch.randint(0, 320, (1, 41), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        chunked = model.nll(ids[:, :-1], ids[:, 1:])
+        full = model._full_nll(ids[:, :-1], ids[:, 1:])
+    assert chunked.shape == (1, 40)
+    torch.testing.assert_close(chunked, full, rtol=1e-5, atol=1e-5)
+
+
 def test_already_scaled_model_uses_its_original_length(tokenizer, tmp_path):
     d = save_llama(tmp_path / "scaled", tokenizer, max_positions=128,
                    rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
