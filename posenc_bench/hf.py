@@ -30,10 +30,9 @@ import contextlib
 import copy
 import hashlib
 import json
-import math
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Callable, Iterator, Optional
