@@ -265,6 +265,20 @@ def cmd_passkey(args: argparse.Namespace) -> int:
         js, md = passkey.write(result, args.out, {"checkpoint": getattr(lm, "checkpoint_meta", None),
                                                  "versions": versions(), "git_commit": git_commit()})
         print(f"wrote {js} and {md}")
+def cmd_eval(args: argparse.Namespace) -> int:
+    from posenc_bench.hf import EvalOptions, parse_scalings, run_eval
+
+    opts = EvalOptions(
+        model=args.model,
+        eval_lens=[s.strip() for s in args.eval_lens.split(",") if s.strip()] if args.eval_lens else None,
+        rope_scaling=parse_scalings(args.rope_scaling or ""), train_len=args.train_len, data=args.data,
+        eval_tokens=args.eval_tokens, out=args.out, device=args.device, dtype=args.dtype,
+        trust_remote_code=args.trust_remote_code, doc_sep=args.doc_sep, fresh=args.fresh,
+        show_progress=None if args.progress == "auto" else args.progress == "on",
+    )
+    out = run_eval(opts)
+    print()
+    print((out / "table.md").read_text().rstrip())
     return 0
 
 
@@ -353,6 +367,23 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--out", required=True, help="folder for the merged results.json, results.csv, table.md")
     m.add_argument("--partial", action="store_true", help="write even when cells are missing (listed on stderr)")
     m.set_defaults(func=cmd_merge)
+    e = sub.add_parser("eval", help="evaluate a pretrained model (Hugging Face, or our checkpoint) at every length")
+    e.add_argument("--model", required=True,
+                   help="hf:<local folder | hub name | path/to/file.gguf>, or a checkpoint folder (results/x/checkpoints/rope-seed0)")
+    e.add_argument("--eval-lens", help="multiples of the train length (1,1.5,2,4x; default) or absolute lengths")
+    e.add_argument("--rope-scaling", help="comma list of linear,dynamic,yarn,llama3 (or all): one extra row each")
+    e.add_argument("--train-len", type=int, help="override the model's own train length (max_position_embeddings)")
+    e.add_argument("--data", help="stdlib (default) | shakespeare | a path or glob | hf:<dataset>[:<config>]")
+    e.add_argument("--eval-tokens", type=int, help="target tokens scored at every eval length (HF default 16384)")
+    e.add_argument("--out", help="output folder (default results/eval-<model>)")
+    e.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    e.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (Hugging Face models)")
+    e.add_argument("--doc-sep", default="auto",
+                   help="token before each document: auto (BOS if the tokenizer adds it, else EOS) | none | a token")
+    e.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code from its repository")
+    e.add_argument("--fresh", action="store_true", help="delete the output folder's results first")
+    e.add_argument("--progress", choices=("auto", "on", "off"), default="auto")
+    e.set_defaults(func=cmd_eval)
 
     ls = sub.add_parser("list", help="registered encodings, one line each")
     ls.set_defaults(func=cmd_list)

@@ -9,7 +9,8 @@
    token of every window is context only: it was the previous window's last target (or, for the first
    window, the segment's leading token). This is the same for every length; only the context changes.
 4. ppl = exp(sum of target NLL / number of targets), token-weighted over all windows and segments;
-   bpb = sum NLL / ln 2 / bytes of text behind the targets (BOS targets mark document starts, 0 bytes).
+   bpb = sum NLL / ln 2 / bytes of text behind the targets (BOS targets mark document starts, 0 bytes; with
+   another tokenizer, ``token_bytes`` gives each token's UTF-8 bytes, see ``hf.py``).
 """
 
 from __future__ import annotations
@@ -41,9 +42,19 @@ def windows(segments: torch.Tensor, length: int) -> list[tuple[torch.Tensor, tor
     return out
 
 
+def logits_nll(forward: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``forward(idx) -> logits (b, l, V)`` as ``nll(inputs, targets) -> (b, l)`` NLL per target (float32 softmax)."""
+
+    def nll(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        logits = forward(x)  # (b, l, V)
+        return F.cross_entropy(logits.float().flatten(0, 1), y.to(logits.device).flatten(), reduction="none").view(y.shape)
+
+    return nll
+
+
 @torch.inference_mode()
 def evaluate_length(
-    forward: Callable[[torch.Tensor], torch.Tensor],
+    forward: Optional[Callable[[torch.Tensor], torch.Tensor]],
     segments: torch.Tensor,
     length: int,
     *,
@@ -52,12 +63,20 @@ def evaluate_length(
     bucket_span: Optional[int] = None,
     device: torch.device | str = "cpu",
     show_progress: Optional[bool] = False,
+    token_bytes: Optional[torch.Tensor] = None,
+    nll_fn: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None,
 ) -> dict:
     """Score every target of ``segments`` with windows of ``length`` tokens; ``forward(idx) -> logits``.
+
+    ``nll_fn(inputs, targets) -> (b, l)`` replaces ``forward`` for models that compute the loss themselves
+    (e.g. ``hf.py``'s chunked LM head). ``token_bytes`` (same shape as ``segments``) gives the bytes of text
+    behind each token, for tokenizers other than ours (default: 1 per byte token, 0 for BOS).
 
     Returns loss (mean NLL, nats), ppl, bpb, tokens, bytes and loss_by_position: ``buckets`` equal spans of
     window positions over [0, bucket_span) (default: length), each with its mean loss and token count.
     """
+    if nll_fn is None:
+        nll_fn = logits_nll(forward)
     span = bucket_span or length
     width = -(-span // buckets)
     nll_sum = torch.zeros((), dtype=torch.float64)
@@ -67,23 +86,22 @@ def evaluate_length(
     n_bytes = 0
     t0 = time.perf_counter()
     parts = windows(segments, length)
+    byte_parts = windows(token_bytes, length) if token_bytes is not None else [None] * len(parts)
     rows_per_batch = max(1, batch_tokens // length)
     total = sum(-(-inp.shape[0] // rows_per_batch) for inp, _ in parts)
     with progress_bar(total, f"eval L={length}", show_progress) as bar:
-        for inputs, targets in parts:
+        for (inputs, targets), byte_part in zip(parts, byte_parts):
             l = inputs.shape[1]
             bucket_of = (torch.arange(l) // width).clamp(max=buckets - 1)  # (l,)
             for i in range(0, inputs.shape[0], rows_per_batch):
                 x = inputs[i : i + rows_per_batch].to(device)
                 y = targets[i : i + rows_per_batch]
-                logits = forward(x)  # (b, l, V)
-                nll = F.cross_entropy(logits.float().flatten(0, 1), y.to(logits.device).flatten(), reduction="none")
-                nll = nll.view(y.shape).double().cpu()  # (b, l)
+                nll = nll_fn(x, y).double().cpu()  # (b, l)
                 nll_sum += nll.sum()
                 pos_sum.index_add_(0, bucket_of, nll.sum(0))
                 pos_count.index_add_(0, bucket_of, torch.full((l,), float(y.shape[0]), dtype=torch.float64))
                 n_tokens += y.numel()
-                n_bytes += count_bytes(y)
+                n_bytes += count_bytes(y) if byte_part is None else int(byte_part[1][i : i + rows_per_batch].sum())
                 bar.update(1)
     expected = segments.shape[0] * (segments.shape[1] - 1)
     if n_tokens != expected:  # the protocol's invariant: every target of every segment, once

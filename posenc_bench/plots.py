@@ -68,6 +68,21 @@ def _rows(run: Run) -> list[str]:
     return order + [r for r in dict.fromkeys(x["encoding"] for x in run.data["records"]) if r not in order]
 
 
+def _train_len(run: Run) -> int:
+    return run.data["run"].get("train_len") or run.data["run"]["config"]["train"]["train_len"]
+
+
+def _encodings_of(run: Run) -> list[str]:
+    """The registered encodings behind a run's rows (none for a pretrained model's rows)."""
+    names = []
+    for row in _rows(run):
+        try:
+            names.append(parse_row(row)[0])
+        except PosencError:
+            continue
+    return list(dict.fromkeys(names))
+
+
 def plot_ppl_vs_length(runs: Sequence[Run], out: Path, formats: Sequence[str] = FORMATS) -> list[Path]:
     """Perplexity against eval length, one line per encoding (per run), train lengths marked."""
     fig, ax = plt.subplots(figsize=(8, 4.8))
@@ -144,7 +159,7 @@ def plot_loss_by_position(run: Run, out: Path, formats: Sequence[str] = FORMATS,
     if not drawn:
         plt.close(fig)
         raise PlotError(f"{run.path}: no record has a loss by position")
-    T = run.data["run"]["config"]["train"]["train_len"]
+    T = _train_len(run)
     ax.axvline(T, color="0.5", linestyle=":", linewidth=1)
     ax.annotate(f"train length {T}", (T, 1), xycoords=("data", "axes fraction"), xytext=(3, -12),
                 textcoords="offset points", fontsize=8, color="0.4")
@@ -261,12 +276,12 @@ def plot_all(runs: Sequence[Run], out: Path | str, formats: Sequence[str] = FORM
         paths += plot_loss_by_position(run, out, formats, stem=f"loss_by_position{suffix}")
     first = runs[0].data["run"]
     longest = max(r["eval_len"] for r in runs[0].data["records"])
-    names = [parse_row(r)[0] for run in runs for r in _rows(run)]
+    names = [n for run in runs for n in _encodings_of(run)]
     if "sinusoidal" in names:
         paths += plot_sinusoidal(first["config"]["model"]["d_model"], longest, out, formats)
     for run in runs:
         suffix = f"-{run.label}" if run.label else ""
-        for name in dict.fromkeys(n for n in (parse_row(r)[0] for r in _rows(run)) if encodings.get_class(n).has_bias):
+        for name in [n for n in _encodings_of(run) if encodings.get_class(n).has_bias]:
             try:
                 paths += plot_bias(run, name, out, formats, stem=f"bias-{name}{suffix}")
             except PlotError as e:

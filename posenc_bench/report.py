@@ -253,6 +253,8 @@ def _footnotes(tables: Sequence[Table], notes: dict[str, str]) -> list[str]:
 
 
 def caption(run: dict) -> str:
+    if run.get("kind") == "eval" and run["model"].get("kind") == "hf":
+        return hf_caption(run)
     cfg = run["config"]
     m, t = cfg["model"], cfg["train"]
     seeds = cfg["seeds"]
@@ -270,6 +272,12 @@ def caption(run: dict) -> str:
 
 def short_caption(run: dict) -> str:
     """The caption facts in two short lines, for figures."""
+    if run.get("kind") == "eval" and run["model"].get("kind") == "hf":
+        m = run["model"]
+        return (f"{m['ref'].rsplit('/', 1)[-1]}{'/' + m['gguf_file'] if m.get('gguf_file') else ''}, "
+                f"{m['params'] / 1e6:.0f}M params, train len {run['train_len']}, tokenizer {m['tokenizer']['class']}\n"
+                f"corpus {run['corpus']['source']} ({run['corpus']['fingerprint']}), {run['eval_tokens']:,} tokens "
+                f"per length; {run['device']}; commit {run['git_commit'][:12]}")
     cfg = run["config"]
     m, t = cfg["model"], cfg["train"]
     commit = run["git_commit"][:12]
@@ -278,6 +286,23 @@ def short_caption(run: dict) -> str:
         f"train len {t['train_len']}, {t['steps']} steps x {t['batch_size']}; seeds "
         f"{','.join(map(str, cfg['seeds']))}\ncorpus {run['corpus']['source']} ({run['corpus']['fingerprint']}), "
         f"{run['eval_tokens']:,} tokens per length; {run['device']}; commit {commit}"
+    )
+
+
+def hf_caption(run: dict) -> str:
+    """Caption of a `posenc-bench eval` table of a pretrained Hugging Face model."""
+    m = run["model"]
+    sha, dirty, _ = run["git_commit"].partition("-dirty")
+    what = m["ref"] + (f"/{m['gguf_file']}" if m.get("gguf_file") else "")
+    revision = m.get("file_sha256") or m.get("files_sha256") or m.get("hub_commit") or "?"
+    return (
+        f"Pretrained {m['class']} {what} (revision {revision}), {m['params']:,} parameters, {m['dtype']}; "
+        f"train length {run['train_len']} ({run['train_len_source']}); tokenizer {m['tokenizer']['class']} "
+        f"(vocab {m['tokenizer']['vocab_size']:,}, document separator {run['doc_separator']}); "
+        f"corpus {run['corpus']['source']} ({run['corpus']['fingerprint']}), {run['eval_tokens']:,} test tokens "
+        f"({run['eval_bytes']:,} bytes) scored at every length (eval {run['eval_fingerprint']}); device {run['device']}; "
+        f"torch {run['versions']['torch']}, transformers {run['versions']['transformers']}; "
+        f"commit {sha[:12] + ('-dirty' if dirty else '')}."
     )
 
 
