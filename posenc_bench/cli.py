@@ -265,6 +265,9 @@ def cmd_passkey(args: argparse.Namespace) -> int:
         js, md = passkey.write(result, args.out, {"checkpoint": getattr(lm, "checkpoint_meta", None),
                                                  "versions": versions(), "git_commit": git_commit()})
         print(f"wrote {js} and {md}")
+    return 0
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from posenc_bench.hf import EvalOptions, parse_scalings, run_eval
 

@@ -208,7 +208,7 @@ def test_gpt2_gets_na_for_scalings_and_past_its_table(tokenizer, tmp_path):
 
 def test_own_checkpoint_gives_the_numbers_run_wrote(tmp_path):
     run_out = tmp_path / "run"
-    micro = ["--config", "configs/ci.yaml", "--train-len", "32", "--steps", "8", "--eval-tokens", "1024",
+    micro = ["--config", "configs/ci.yaml", "--seeds", "1", "--train-len", "32", "--steps", "8", "--eval-tokens", "1024",
              "--progress", "off"]
     assert main(["run", *micro, "--encodings", "rope", "--eval-lens", "1,2x", "--out", str(run_out)]) == 0
     ran = json.loads((run_out / "results.json").read_text())["records"]
@@ -225,7 +225,8 @@ def test_own_checkpoint_gives_the_numbers_run_wrote(tmp_path):
         assert (mine["ppl"], mine["bpb"], mine["tokens"], mine["eval_fingerprint"]) == (
             r["ppl"], r["bpb"], r["tokens"], r["eval_fingerprint"])
     assert by_row["rope-linear"][32]["ppl"] == by_row["rope"][32]["ppl"]  # the registered rope-linear variant
-    assert all(r["status"] == "n/a" and "rope-yarn" in r["reason"] for r in by_row["rope-yarn"].values())
+    yarn = by_row["rope-yarn"]  # the registered rope-yarn variant: plain rope at 1x, scaled at 2x
+    assert yarn[32]["ppl"] == by_row["rope"][32]["ppl"] and yarn[64]["ppl"] != by_row["rope"][64]["ppl"]
 
 
 @pytest.mark.parametrize("argv, message", [
