@@ -214,7 +214,7 @@ def test_two_process_sweep_gives_the_single_process_numbers_and_only_rank_0_writ
 def test_torchrun_starts_the_cli(tmp_path):
     """`torchrun --nproc-per-node 2 -m posenc_bench run ...`, as a user types it."""
     out = tmp_path / "out"
-    args = ["--config", "configs/ci.yaml", "--encodings", "alibi", "--train-len", "16", "--steps", "4",
+    args = ["--config", "configs/ci.yaml", "--seeds", "1", "--encodings", "alibi", "--train-len", "16", "--steps", "4",
             "--batch-size", "8", "--d-model", "32", "--n-layers", "1", "--eval-tokens", "256", "--eval-lens", "1x",
             "--device", "cpu", "--threads", "1", "--progress", "off", "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "OMP_NUM_THREADS": "1"}
