@@ -62,6 +62,31 @@ class EvalConfig:
     position_buckets: int = 64  # loss-by-position buckets over the longest eval length
 
 
+@dataclass
+class FinetuneConfig:
+    """The -ft rows (rope-ft, rope-linear-ft, ...): the trained rope model trained further at a longer length
+    with the row's scaling, as the position-interpolation paper does (Chen et al. 2023, sec. 3.2). The same
+    optimizer settings as pre-training (lr, schedule shape, decay, clipping) and the same data stream,
+    continued where pre-training stopped."""
+
+    steps: int = 0  # 0: 10% of train.steps
+    len: str = ""  # fine-tune length, "4x" or tokens; "": the longest eval length
+    warmup_steps: int = -1  # -1: 10% of the fine-tune steps (at least 1)
+    batch_size: int = 0  # sequences per step; 0: as many tokens per step as pre-training (B x T / len)
+
+
+@dataclass
+class FinetunePlan:
+    steps: int
+    len: int
+    warmup_steps: int
+    batch_size: int
+
+    @property
+    def tokens(self) -> int:
+        return self.steps * self.batch_size * self.len
+
+
 GATE_TOLERANCE_KEYS = ("ppl_tol", "ratio_tol", "sigmas")
 
 
@@ -95,10 +120,23 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     gate: GateConfig = field(default_factory=GateConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
 
     # ---- derived -------------------------------------------------------------------------------------
     def eval_lengths(self) -> list[int]:
         return parse_eval_lens(self.eval.lens, self.train.train_len)
+
+    def finetune_plan(self) -> FinetunePlan:
+        """The resolved fine-tuning of the -ft rows (defaults filled in from the pre-training config)."""
+        f, t = self.finetune, self.train
+        length = max(self.eval_lengths()) if not str(f.len).strip() else parse_eval_lens([str(f.len)], t.train_len)[-1]
+        if length <= t.train_len:
+            raise ConfigError(f"finetune.len {f.len or length!r} must be beyond the train length {t.train_len} "
+                              "(e.g. 4x): fine-tuning teaches the scaled model a longer context")
+        steps = f.steps or max(1, round(0.1 * t.steps))
+        warmup = f.warmup_steps if f.warmup_steps >= 0 else max(1, round(0.1 * steps))
+        batch = f.batch_size or max(1, round(t.batch_size * t.train_len / length))
+        return FinetunePlan(steps, length, warmup, batch)
 
     def cells(self) -> list[tuple[str, int]]:
         """(row name, seed) for every cell of the sweep, in a stable order."""
@@ -328,6 +366,11 @@ def validate(cfg: RunConfig) -> None:
     if not (0 <= cfg.data.valid_fraction and 0 < cfg.data.test_fraction and cfg.data.valid_fraction + cfg.data.test_fraction < 1):
         raise ConfigError("data.valid_fraction and data.test_fraction must be fractions with test > 0 and sum < 1")
     cfg.eval_lengths()  # raises on a bad length
+    f = cfg.finetune
+    if f.steps < 0 or f.batch_size < 0 or f.warmup_steps < -1:
+        raise ConfigError("finetune.steps and finetune.batch_size must be >= 0 (0: default), finetune.warmup_steps >= -1")
+    if any(encodings.get_class(parse_row(spec)[0]).finetuned for spec in cfg.encodings):
+        cfg.finetune_plan()  # raises on a length at or below the train length
     validate_gate(cfg.gate)
 
 
@@ -373,6 +416,14 @@ def cell_key(cfg: RunConfig, trained_encoding: str, window: Optional[int], seed:
         "precision": cfg.precision,
         "version": __version__,
     }
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def finetune_key(base_key: str, cfg: RunConfig, encoding: str) -> str:
+    """Hash of what determines a fine-tuned model: the trained model's key, the row, its own options and the
+    resolved fine-tuning."""
+    ident = {"base": base_key, "encoding": encoding, "options": cfg.model.encoding_options.get(encoding, {}),
+             "finetune": asdict(cfg.finetune_plan())}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 

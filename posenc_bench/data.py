@@ -211,10 +211,23 @@ class TrainBatches:
         self.batch_size = batch_size
         self.generator = torch.Generator().manual_seed(seed)
 
+    def _starts(self) -> torch.Tensor:
+        return torch.randint(0, self.stream.numel() - self.train_len - 1, (self.batch_size,), generator=self.generator)
+
     def next(self) -> torch.Tensor:
-        starts = torch.randint(0, self.stream.numel() - self.train_len - 1, (self.batch_size,), generator=self.generator)
-        idx = starts[:, None] + torch.arange(self.train_len + 1)[None, :]
+        idx = self._starts()[:, None] + torch.arange(self.train_len + 1)[None, :]
         return self.stream[idx].long()  # (B, T + 1)
+
+    def continued(self, steps: int, train_len: int, batch_size: int) -> "TrainBatches":
+        """Batches of another shape that continue this stream after ``steps`` of its batches (fine-tuning
+        goes on from where pre-training stopped); ``self`` is left untouched."""
+        after = TrainBatches(self.stream, self.train_len, self.batch_size, 0)
+        after.generator.set_state(self.generator.get_state())
+        for _ in range(steps):
+            after._starts()
+        out = TrainBatches(self.stream, train_len, batch_size, 0)
+        out.generator.set_state(after.generator.get_state())
+        return out
 
 
 def count_bytes(targets: Iterable[int] | torch.Tensor) -> int:

@@ -9,7 +9,7 @@ import platform
 import shutil
 import subprocess
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Callable, Optional
@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from posenc_bench import __version__, encodings
-from posenc_bench.config import IDENTITY_KEYS, RunConfig, cell_key, eval_key, parse_row, row_name
+from posenc_bench.config import IDENTITY_KEYS, RunConfig, cell_key, eval_key, finetune_key, parse_row, row_name
 from posenc_bench.data import TrainBatches, eval_segments, load_corpus, tokens_fingerprint
 from posenc_bench.dist import Dist
 from posenc_bench.errors import ConfigError, PosencError, PositionOutOfRange
@@ -185,12 +185,65 @@ class Sweep:
 
     # ---- one cell ------------------------------------------------------------------------------------
     def _cell_key(self, name: str, window: Optional[int], seed: int) -> str:
-        trained_as = encodings.get_class(name).trained_as or name
-        return cell_key(self.cfg, trained_as, window, seed, self.corpus.fingerprint)
+        cls = encodings.get_class(name)
+        key = cell_key(self.cfg, cls.trained_as or name, window, seed, self.corpus.fingerprint)
+        return finetune_key(key, self.cfg, name) if cls.finetuned else key
+
+    def finetuned_model(self, name: str, window: Optional[int], seed: int) -> tuple[Optional[DecoderLM], dict]:
+        """A -ft row's model: its trained_as checkpoint trained further at the fine-tune length with the row's
+        scaling fixed there (on this process alone, also under torchrun), cached in its own checkpoint."""
+        cfg = self.cfg
+        cls = encodings.get_class(name)
+        plan = cfg.finetune_plan()
+        key = self._cell_key(name, window, seed)
+        ckpt = _checkpoint_dir(self.out, name, window, seed)
+        model = DecoderLM(cfg.model, name, cfg.train.train_len, window=window, seed=seed,
+                          max_mask_bytes=cfg.max_mask_bytes)
+        found = load_checkpoint(ckpt, key)
+        if found is not None:
+            meta, weights = found
+            self.log(f"  {row_name(name, window)} seed {seed}: reusing fine-tuned checkpoint {ckpt}")
+            if weights is None:
+                return None, meta
+            from safetensors.torch import load_model
+
+            load_model(model, str(weights))
+            model.encoding.set_train_length(plan.len)
+            return model.to(self.device), meta
+        base, base_meta = self.trained_model(cls.trained_as, window, seed)
+        if base is None:
+            return None, base_meta
+        model.load_state_dict(base.state_dict())
+        model.encoding.set_train_length(plan.len)
+        label = f"{row_name(name, window)} seed {seed}"
+        batches = self._train_batches(seed).continued(cfg.train.steps, plan.len, plan.batch_size)
+        ft_cfg = replace(cfg.train, train_len=plan.len, batch_size=plan.batch_size, steps=plan.steps,
+                         warmup_steps=plan.warmup_steps)
+        ckpt.mkdir(parents=True, exist_ok=True)
+        state_path = ckpt / "train_state.pt"
+        outcome = train(model, batches, ft_cfg, device=self.device, autocast_dtype=self.autocast,
+                        show_progress=self.show_progress, desc=f"{label} fine-tune", state_path=state_path,
+                        save_every=cfg.save_every, state_key=key, log=self.log)
+        finetune = {**asdict(plan), "tokens": plan.tokens, "from_cell_key": base_meta["cell_key"],
+                    "time_s": round(outcome.time_s, 2), "final_loss": outcome.final_loss, "curve": outcome.curve,
+                    "status": outcome.status, "reason": outcome.reason}
+        meta = {"cell_key": key, "encoding": name, "window": window, "seed": seed, "config": cfg.to_dict(),
+                "corpus_fingerprint": self.corpus.fingerprint, "finetune": finetune,
+                "outcome": base_meta["outcome"] if outcome.status == "ok" else asdict(outcome)}
+        save_checkpoint(ckpt, model if outcome.status == "ok" else None, meta)
+        state_path.unlink(missing_ok=True)
+        if outcome.status == "ok":
+            self.log(f"  {label}: fine-tuned {plan.steps} steps x {plan.batch_size} x {plan.len} tokens in "
+                     f"{outcome.time_s:.0f}s, final train loss {outcome.final_loss:.3f}")
+            return model, meta
+        self.log(f"  {label}: fine-tuning {outcome.reason}")
+        return None, meta
 
     def trained_model(self, name: str, window: Optional[int], seed: int) -> tuple[Optional[DecoderLM], dict]:
         """The trained model of a cell (reused from its checkpoint when finished before) and its meta."""
         cfg = self.cfg
+        if encodings.get_class(name).finetuned:
+            return self.finetuned_model(name, window, seed)
         trained_as = encodings.get_class(name).trained_as or name
         key = self._cell_key(name, window, seed)
         ckpt = _checkpoint_dir(self.out, trained_as, window, seed)
@@ -258,6 +311,8 @@ class Sweep:
                 "eval_fingerprint": self.run_meta["eval_fingerprint"], "git_commit": self.run_meta["git_commit"],
                 "device": self.run_meta["device"], "versions": self.run_meta["versions"], "config": cfg.to_dict(),
             }
+            if meta.get("finetune"):
+                rec["finetune"] = {k: v for k, v in meta["finetune"].items() if k != "curve"}
             if model is None:
                 rec.update(status="diverged", reason=outcome["reason"], last_finite_loss=outcome["last_finite_loss"])
                 records.append(rec)
@@ -344,7 +399,9 @@ def remove_outputs(out: Path, cfg: Optional[RunConfig] = None, shard: Optional[t
             shutil.rmtree(out)
         return
     (out / shard_file(*shard)).unlink(missing_ok=True)
-    for row, seed in sorted({training_unit(*c) for c in shard_cells(cfg.cells(), *shard)}):
+    cells = shard_cells(cfg.cells(), *shard)
+    finetuned = {(r, s) for r, s in cells if encodings.get_class(parse_row(r)[0]).finetuned}  # own checkpoints too
+    for row, seed in sorted({training_unit(*c) for c in cells} | finetuned):
         name, window = parse_row(row)
         ckpt = _checkpoint_dir(out, name, window, seed)
         if ckpt.exists():
