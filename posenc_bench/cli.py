@@ -47,7 +47,8 @@ def _overrides(args: argparse.Namespace, base_encodings: list[str]) -> dict[str,
         "train_len": "train.train_len", "steps": "train.steps", "batch_size": "train.batch_size", "lr": "train.lr",
         "eval_tokens": "eval.tokens", "window": "window", "device": "device", "out": "out", "threads": "threads",
         "data": "data.source", "d_model": "model.d_model", "n_layers": "model.n_layers", "n_heads": "model.n_heads",
-        "precision": "precision", "finetune_steps": "finetune.steps", "finetune_len": "finetune.len", "grad_accum": "grad_accum",
+        "precision": "precision", "finetune_steps": "finetune.steps", "finetune_len": "finetune.len",
+        "protocol": "eval.protocol", "stride": "eval.stride", "grad_accum": "grad_accum",
     }
     for attr, key in simple.items():
         value = getattr(args, attr, None)
@@ -307,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--device", help="auto | cpu | cuda | cuda:N")
     r.add_argument("--precision", help="fp32 | bf16")
     r.add_argument("--threads", type=int)
+    r.add_argument("--protocol", choices=("nonoverlapping", "strided"),
+                   help="nonoverlapping windows (default) or strided: each window scores only its last --stride targets")
+    r.add_argument("--stride", type=int, help="targets scored per window in the strided protocol, e.g. 256")
     r.add_argument("--finetune-steps", type=int, help="steps of the -ft rows' fine-tuning (default: 10%% of --steps)")
     r.add_argument("--finetune-len", help="length the -ft rows are fine-tuned at, e.g. 4x (default: the longest eval length)")
     r.add_argument("--out", help="output folder (results.json, results.csv, table.md, checkpoints/)")

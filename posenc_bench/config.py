@@ -60,6 +60,10 @@ class EvalConfig:
     split: str = "test"
     batch_tokens: int = 16384  # tokens per forward pass
     position_buckets: int = 64  # loss-by-position buckets over the longest eval length
+    # nonoverlapping (default): windows side by side; strided: each window scores only its last `stride`
+    # targets, so each has at least L - stride tokens of context (see evaluate.windows)
+    protocol: str = "nonoverlapping"
+    stride: int = 0
 
 
 @dataclass
@@ -361,6 +365,11 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"train.divergence_factor must be > 1, got {t.divergence_factor}")
     if cfg.eval.split not in ("train", "valid", "test"):
         raise ConfigError(f"eval.split {cfg.eval.split!r} is not a split; valid splits: train, valid, test")
+    if cfg.eval.protocol not in ("nonoverlapping", "strided"):
+        raise ConfigError(f"eval.protocol {cfg.eval.protocol!r} is not a protocol; valid: nonoverlapping, strided")
+    if (cfg.eval.protocol == "strided") != (cfg.eval.stride > 0) or cfg.eval.stride < 0:
+        raise ConfigError(f"eval.stride {cfg.eval.stride}: the strided protocol needs a stride >= 1 token "
+                          "(--protocol strided --stride 256), and only it takes one")
     if cfg.eval.tokens < 1 or cfg.eval.batch_tokens < 1 or cfg.eval.position_buckets < 1:
         raise ConfigError("eval.tokens, eval.batch_tokens and eval.position_buckets must be >= 1")
     if not (0 <= cfg.data.valid_fraction and 0 < cfg.data.test_fraction and cfg.data.valid_fraction + cfg.data.test_fraction < 1):

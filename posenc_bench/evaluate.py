@@ -32,13 +32,31 @@ def segment_length(lengths: list[int]) -> int:
     return common if common <= 4 * longest else longest
 
 
-def windows(segments: torch.Tensor, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """[(inputs (N, l), targets (N, l)), ...] per window offset; l = length except a partial last window."""
+def windows(segments: torch.Tensor, length: int, stride: Optional[int] = None
+            ) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+    """[(inputs (N, l), targets (N, l), first scored column), ...] per window offset.
+
+    Without ``stride`` (or stride >= length): non-overlapping windows, every column scored; l = length except
+    a partial last window. With a smaller stride (the strided protocol): the first window scores all its
+    targets, then each window ends ``stride`` targets further and scores only its last ``stride`` (fewer in
+    a final window), so every scored target past the first window sees at least length - stride tokens of
+    context. Either way each target of a segment (tokens 1..S) is scored exactly once.
+    """
     S = segments.shape[1] - 1
     out = []
-    for start in range(0, S, length):
-        end = min(S, start + length)
-        out.append((segments[:, start:end], segments[:, start + 1 : end + 1]))
+    if stride is None or stride >= length or S <= length:
+        for start in range(0, S, length):
+            end = min(S, start + length)
+            out.append((segments[:, start:end], segments[:, start + 1 : end + 1], 0))
+        return out
+    if stride < 1:
+        raise ValueError(f"stride must be >= 1 token, got {stride}")
+    done = length
+    out.append((segments[:, :length], segments[:, 1 : length + 1], 0))
+    while done < S:
+        end = min(S, done + stride)
+        out.append((segments[:, end - length : end], segments[:, end - length + 1 : end + 1], length - (end - done)))
+        done = end
     return out
 
 
@@ -65,12 +83,15 @@ def evaluate_length(
     show_progress: Optional[bool] = False,
     token_bytes: Optional[torch.Tensor] = None,
     nll_fn: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None,
+    stride: Optional[int] = None,
 ) -> dict:
     """Score every target of ``segments`` with windows of ``length`` tokens; ``forward(idx) -> logits``.
 
     ``nll_fn(inputs, targets) -> (b, l)`` replaces ``forward`` for models that compute the loss themselves
     (e.g. ``hf.py``'s chunked LM head). ``token_bytes`` (same shape as ``segments``) gives the bytes of text
     behind each token, for tokenizers other than ours (default: 1 per byte token, 0 for BOS).
+
+    ``stride``: the strided protocol (see ``windows``); None is the default non-overlapping protocol.
 
     Returns loss (mean NLL, nats), ppl, bpb, tokens, bytes and loss_by_position: ``buckets`` equal spans of
     window positions over [0, bucket_span) (default: length), each with its mean loss and token count.
@@ -85,23 +106,25 @@ def evaluate_length(
     n_tokens = 0
     n_bytes = 0
     t0 = time.perf_counter()
-    parts = windows(segments, length)
-    byte_parts = windows(token_bytes, length) if token_bytes is not None else [None] * len(parts)
+    parts = windows(segments, length, stride)
+    byte_parts = windows(token_bytes, length, stride) if token_bytes is not None else [None] * len(parts)
     rows_per_batch = max(1, batch_tokens // length)
-    total = sum(-(-inp.shape[0] // rows_per_batch) for inp, _ in parts)
+    total = sum(-(-inp.shape[0] // rows_per_batch) for inp, _, _ in parts)
     with progress_bar(total, f"eval L={length}", show_progress) as bar:
-        for (inputs, targets), byte_part in zip(parts, byte_parts):
+        for (inputs, targets, first), byte_part in zip(parts, byte_parts):
             l = inputs.shape[1]
-            bucket_of = (torch.arange(l) // width).clamp(max=buckets - 1)  # (l,)
+            bucket_of = (torch.arange(first, l) // width).clamp(max=buckets - 1)  # (scored columns,)
             for i in range(0, inputs.shape[0], rows_per_batch):
                 x = inputs[i : i + rows_per_batch].to(device)
                 y = targets[i : i + rows_per_batch]
-                nll = nll_fn(x, y).double().cpu()  # (b, l)
+                nll = nll_fn(x, y).double().cpu()[:, first:]  # (b, scored columns)
+                y = y[:, first:]
                 nll_sum += nll.sum()
                 pos_sum.index_add_(0, bucket_of, nll.sum(0))
-                pos_count.index_add_(0, bucket_of, torch.full((l,), float(y.shape[0]), dtype=torch.float64))
+                pos_count.index_add_(0, bucket_of, torch.full((l - first,), float(y.shape[0]), dtype=torch.float64))
                 n_tokens += y.numel()
-                n_bytes += count_bytes(y) if byte_part is None else int(byte_part[1][i : i + rows_per_batch].sum())
+                n_bytes += (count_bytes(y) if byte_part is None
+                            else int(byte_part[1][i : i + rows_per_batch, first:].sum()))
                 bar.update(1)
     expected = segments.shape[0] * (segments.shape[1] - 1)
     if n_tokens != expected:  # the protocol's invariant: every target of every segment, once

@@ -265,9 +265,16 @@ def caption(run: dict) -> str:
         f"{m['n_heads']} heads), trained {t['steps']} steps x {t['batch_size']} x {t['train_len']} tokens "
         f"(lr {t['lr']:g}); corpus {run['corpus']['source']} ({run['corpus']['fingerprint']}), "
         f"{run['eval_tokens']:,} {cfg['eval']['split']} tokens scored at every length "
-        f"(eval {run['eval_fingerprint']}); seeds {','.join(map(str, seeds))}; device {run['device']}; "
+        f"(eval {run['eval_fingerprint']}){_protocol(cfg)}; seeds {','.join(map(str, seeds))}; device {run['device']}; "
         f"torch {run['versions']['torch']}; commit {commit}."
     )
+
+
+def _protocol(cfg: dict) -> str:
+    ev = cfg.get("eval", {})
+    if ev.get("protocol", "nonoverlapping") == "strided":
+        return f", strided protocol: each window scores its last {ev['stride']} targets"
+    return ""
 
 
 def short_caption(run: dict) -> str:
@@ -285,7 +292,7 @@ def short_caption(run: dict) -> str:
         f"{run.get('params', 0) / 1e6:.2f}M params ({m['n_layers']}L, d{m['d_model']}, {m['n_heads']}H), "
         f"train len {t['train_len']}, {t['steps']} steps x {t['batch_size']}; seeds "
         f"{','.join(map(str, cfg['seeds']))}\ncorpus {run['corpus']['source']} ({run['corpus']['fingerprint']}), "
-        f"{run['eval_tokens']:,} tokens per length; {run['device']}; commit {commit}"
+        f"{run['eval_tokens']:,} tokens per length{_protocol(cfg)}; {run['device']}; commit {commit}"
     )
 
 

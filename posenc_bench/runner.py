@@ -311,6 +311,8 @@ class Sweep:
                 "eval_fingerprint": self.run_meta["eval_fingerprint"], "git_commit": self.run_meta["git_commit"],
                 "device": self.run_meta["device"], "versions": self.run_meta["versions"], "config": cfg.to_dict(),
             }
+            rec["protocol"] = cfg.eval.protocol
+            rec["stride"] = min(cfg.eval.stride, L) if cfg.eval.stride else None
             if meta.get("finetune"):
                 rec["finetune"] = {k: v for k, v in meta["finetune"].items() if k != "curve"}
             if model is None:
@@ -323,7 +325,8 @@ class Sweep:
                 with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
                     res = evaluate_length(model, self.segments, L, batch_tokens=cfg.eval.batch_tokens,
                                           buckets=cfg.eval.position_buckets, bucket_span=max(self.lengths),
-                                          device=self.device, show_progress=self.show_progress)
+                                          device=self.device, show_progress=self.show_progress,
+                                          stride=cfg.eval.stride or None)
             except PositionOutOfRange as e:
                 rec.update(status="n/a", reason=str(e))
                 records.append(rec)

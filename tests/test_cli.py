@@ -228,3 +228,13 @@ def test_corrupt_results_file_is_a_clear_error(tmp_path, capsys):
     assert run(tmp_path, "--encodings", "nope") == 2
     assert "truncated or corrupt" in capsys.readouterr().err
     assert (tmp_path / "out" / "results.json").read_text() == '{"schema_version": 1, "run": {'  # left as it was
+
+
+def test_strided_protocol_is_recorded_and_captioned(tmp_path, capsys):
+    assert run(tmp_path, "--encodings", "rope", "--protocol", "strided", "--stride", "8") == 0
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert {(r["eval_len"], r["protocol"], r["stride"]) for r in data["records"]} == {
+        (32, "strided", 8), (48, "strided", 8), (64, "strided", 8), (128, "strided", 8)}
+    assert "strided protocol: each window scores its last 8 targets" in (tmp_path / "out" / "table.md").read_text()
+    assert run(tmp_path, "--encodings", "rope", "--stride", "8", out="bad") == 2
+    assert "the strided protocol needs a stride >= 1 token" in capsys.readouterr().err

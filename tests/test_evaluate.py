@@ -20,10 +20,40 @@ def test_segment_length_is_a_common_multiple_when_reasonable():
 @pytest.mark.parametrize("length", [1, 5, 8, 12, 24])
 def test_every_length_scores_exactly_the_same_targets(length):
     seg = segments()
-    got = torch.cat([t for _, t in windows(seg, length)], dim=1)  # targets in order
+    got = torch.cat([t for _, t, _ in windows(seg, length)], dim=1)  # targets in order
     assert torch.equal(got, seg[:, 1:])
-    for inp, tgt in windows(seg, length):
-        assert inp.shape == tgt.shape and inp.shape[1] <= length
+    for inp, tgt, first in windows(seg, length):
+        assert inp.shape == tgt.shape and inp.shape[1] <= length and first == 0
+
+
+@pytest.mark.parametrize("length, stride", [(8, 1), (8, 3), (8, 5), (12, 4), (24, 7)])
+def test_strided_windows_score_every_target_once_with_enough_context(length, stride):
+    seg = segments()
+    parts = windows(seg, length, stride)
+    got = torch.cat([t[:, first:] for _, t, first in parts], dim=1)  # the scored targets, in order
+    assert torch.equal(got, seg[:, 1:])  # every target exactly once
+    for k, (inp, tgt, first) in enumerate(parts):
+        assert inp.shape == tgt.shape and inp.shape[1] == length  # full-length windows
+        assert torch.equal(inp[:, 1:], tgt[:, :-1])  # inputs and targets are the same text, shifted by one
+        if k == 0:
+            assert first == 0
+        else:  # the scored targets see at least length - stride tokens of this window before them
+            assert length - stride <= first < length
+
+
+def test_stride_of_the_length_is_the_non_overlapping_protocol():
+    seg = segments()
+    model = Bigram()
+    plain = evaluate_length(model, seg, 8, batch_tokens=64)
+    for stride in (8, 100):
+        same = evaluate_length(model, seg, 8, batch_tokens=64, stride=stride)
+        assert same["loss"] == plain["loss"] and same["loss_by_position"] == plain["loss_by_position"]
+    strided = evaluate_length(model, seg, 8, batch_tokens=64, stride=3)
+    # a context-free model: the same targets give the same total loss whatever the windows
+    assert strided["tokens"] == plain["tokens"] and strided["loss"] == pytest.approx(plain["loss"], rel=1e-12)
+    assert strided["bytes"] == plain["bytes"]
+    first_bucket = strided["loss_by_position"][0]
+    assert first_bucket["tokens"] == seg.shape[0]  # position 0 is scored in the first window only
 
 
 class Bigram(torch.nn.Module):
