@@ -252,9 +252,16 @@ def cmd_passkey(args: argparse.Namespace) -> int:
     from posenc_bench.config import parse_eval_lens
     from posenc_bench.runner import git_commit, versions
 
-    lm = passkey.load_lm(args.model, encoding=args.encoding, device=args.device,
+    lm = passkey.load_lm(args.model, encoding=args.encoding, rope_scaling=args.rope_scaling, device=args.device,
                          trust_remote_code=args.trust_remote_code, train_len=args.train_len)
-    lengths = parse_eval_lens(args.lengths, lm.train_len)
+    items = [i.strip() for i in args.lengths.split(",") if i.strip()]
+    if items and items[-1].lower().endswith("x"):  # "1,2,4x": all multiples, as for eval lengths
+        items = [i if i.lower().endswith("x") else i + "x" for i in items]
+    lengths = set()
+    for item in items:  # the lengths asked for, without the train length eval lengths always add
+        resolved = [L for L in parse_eval_lens([item], lm.train_len) if L != lm.train_len]
+        lengths.add(resolved[0] if resolved else lm.train_len)
+    lengths = sorted(lengths)
     try:
         depths = [float(d) for d in args.depths.split(",") if d.strip()]
     except ValueError:
@@ -361,6 +368,8 @@ def build_parser() -> argparse.ArgumentParser:
     pk = sub.add_parser("passkey", help="passkey retrieval accuracy by length and depth; the effective context")
     pk.add_argument("--model", required=True, help="a checkpoint folder (results/x/checkpoints/rope-seed0) or hf:<model>")
     pk.add_argument("--encoding", help="evaluate a checkpoint with an eval-only variant, e.g. rope-yarn on rope")
+    pk.add_argument("--rope-scaling", choices=("linear", "dynamic", "yarn", "llama3"),
+                    help="a Hugging Face model with this RoPE scaling (factor = length / train length)")
     pk.add_argument("--lengths", default="1,2,4x", help="prompt lengths: absolute or multiples (default 1,2,4x)")
     pk.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="needle depths, 0 = start, 1 = end of the filler")
     pk.add_argument("--trials", type=int, default=5, help="random keys per (length, depth) (default 5)")

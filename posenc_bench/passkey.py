@@ -161,14 +161,63 @@ def write(result: dict, out: Path | str, meta: dict) -> tuple[Path, Path]:
     return js, md
 
 
-def load_lm(model: str, *, encoding: Optional[str] = None, device: str = "cpu", trust_remote_code: bool = False,
-            train_len: Optional[int] = None) -> PasskeyLM:
+def load_lm(model: str, *, encoding: Optional[str] = None, rope_scaling: Optional[str] = None, device: str = "cpu",
+            trust_remote_code: bool = False, train_len: Optional[int] = None) -> PasskeyLM:
     """``hf:<...>`` -> a Hugging Face model with its tokenizer; else one of our checkpoint folders."""
     if model.startswith("hf:"):
-        raise ConfigError("passkey on Hugging Face models needs posenc_bench.hf (posenc-bench eval)")
+        if encoding is not None:
+            raise ConfigError("--encoding names one of our encodings; for a Hugging Face model use --rope-scaling")
+        return HFPasskeyLM(model, rope_scaling=rope_scaling, device=device, trust_remote_code=trust_remote_code,
+                           train_len=train_len)
+    if rope_scaling is not None:
+        raise ConfigError(f"--rope-scaling applies to Hugging Face models; for a checkpoint use --encoding "
+                          f"(e.g. rope-{rope_scaling})")
     if train_len is not None:
         raise ConfigError("--train-len applies to Hugging Face models; a checkpoint knows its train length")
     return CheckpointLM(model, encoding, device)
+
+
+class HFPasskeyLM:
+    """A Hugging Face causal LM and its own tokenizer (``posenc_bench.hf``); an optional RoPE scaling with
+    factor = prompt length / train length, applied through transformers' rope_parameters as `eval` does."""
+
+    def __init__(self, model: str, *, rope_scaling: Optional[str], device: str, trust_remote_code: bool,
+                 train_len: Optional[int]) -> None:
+        import contextlib
+
+        from posenc_bench.hf import HFModel, resolve_model
+        from posenc_bench.runner import resolve_device
+
+        spec = resolve_model(model)
+        self.hf = HFModel(spec, device=resolve_device(device), trust_remote_code=trust_remote_code)
+        self.train_len = train_len or self.hf.own_train_len()[0]
+        self.scaling = rope_scaling
+        if rope_scaling is not None and self.hf.rope_problem():
+            raise ConfigError(self.hf.rope_problem())
+        self.name = f"hf:{spec.name}" + (f"+{rope_scaling}" if rope_scaling else "")
+        self._stack = contextlib.ExitStack()
+        self.checkpoint_meta = {"model": self.hf.describe(), "rope_scaling": rope_scaling, "train_len": self.train_len}
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def prefix(self) -> list[int]:
+        return self.hf.tokenizer("", add_special_tokens=True)["input_ids"]  # BOS where the tokenizer adds one
+
+    def set_length(self, length: int) -> None:
+        from posenc_bench.hf import scaled_max_positions, scaling_parameters
+
+        limit = self.hf.position_limit()
+        if limit is not None and length > limit:
+            raise PositionOutOfRange(f"absolute position table of {limit} positions: no position {limit} or later")
+        self._stack.close()
+        if self.scaling is not None:
+            factor = max(1.0, length / self.train_len)
+            params = scaling_parameters(self.hf.rope_parameters(), self.scaling, factor, self.train_len)
+            self._stack.enter_context(self.hf.scaled(params, scaled_max_positions(self.scaling, factor, self.train_len)))
+
+    def logits(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.hf.model(input_ids=ids.to(self.hf.device)).logits[0].float()
 
 
 # ---- our own checkpoints ------------------------------------------------------------------------------------

@@ -272,3 +272,25 @@ def test_smollm2_gguf_real_weights(tmp_path):
     assert ppl[(row, 128)] < ppl[(row, 64)]  # 128 is inside its real context: more context helps
     for s in hf.SCALINGS:
         assert ppl[(f"{row}+{s}", 64)] == pytest.approx(ppl[(row, 64)], rel=1e-5)
+
+
+def test_passkey_on_a_hugging_face_model_with_its_tokenizer_and_a_scaling(llama_dir, tmp_path):
+    from posenc_bench import passkey
+
+    lm = passkey.load_lm(f"hf:{llama_dir}", rope_scaling="yarn")
+    assert lm.train_len == 32 and lm.prefix() == [lm.hf.tokenizer.bos_token_id] or lm.prefix() == []
+    original = lm.hf.rotary_modules()[0].inv_freq.clone()
+    lm.set_length(64)  # factor 2: transformers' yarn frequencies inside, the original module put back after
+    scaled = lm.hf.rotary_modules()[0]
+    assert scaled.rope_type == "yarn" and not torch.equal(scaled.inv_freq, original)
+    p = passkey.build_prompt(lm, 200, 0.5, "12345")
+    assert len(p.ids) == 200 and "12345" in lm.hf.tokenizer.decode(p.ids[p.answer_start:])
+    lm.set_length(32)
+    assert torch.equal(lm.hf.rotary_modules()[0].inv_freq, original)
+    out = tmp_path / "pk"
+    assert main(["passkey", "--model", f"hf:{llama_dir}", "--rope-scaling", "yarn", "--lengths", "8,16x",
+                 "--trials", "1", "--depths", "0,1", "--out", str(out)]) == 0
+    data = json.loads((out / "passkey.json").read_text())
+    assert data["model"] == "hf:tiny-llama+yarn" and {r["length"] for r in data["records"]} == {256, 512}
+    assert data["checkpoint"]["model"]["class"] == "LlamaForCausalLM"
+    assert main(["passkey", "--model", f"hf:{llama_dir}", "--encoding", "rope-yarn"]) == 2
