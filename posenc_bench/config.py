@@ -70,13 +70,17 @@ class EvalConfig:
 class FinetuneConfig:
     """The -ft rows (rope-ft, rope-linear-ft, ...): the trained rope model trained further at a longer length
     with the row's scaling, as the position-interpolation paper does (Chen et al. 2023, sec. 3.2). The same
-    optimizer settings as pre-training (lr, schedule shape, decay, clipping) and the same data stream,
-    continued where pre-training stopped."""
+    optimizer settings as pre-training (AdamW betas, decay, clipping, warm-up then cosine to min_lr_ratio)
+    and the same data stream, continued where pre-training stopped. The peak lr defaults to the rate
+    pre-training ended at (train.lr x train.min_lr_ratio): PI fine-tunes at about 1/15 of LLaMA's peak
+    (2e-5 against 3e-4); re-warming to the pre-training peak undoes part of pre-training (measured: rope-ft
+    at 1x went from ppl 4.74 to 5.26 at lr 3e-3 on the default run)."""
 
     steps: int = 0  # 0: 10% of train.steps
     len: str = ""  # fine-tune length, "4x" or tokens; "": the longest eval length
     warmup_steps: int = -1  # -1: 10% of the fine-tune steps (at least 1)
     batch_size: int = 0  # sequences per step; 0: as many tokens per step as pre-training (B x T / len)
+    lr: float = 0.0  # peak lr; 0: train.lr x train.min_lr_ratio
 
 
 @dataclass
@@ -85,6 +89,7 @@ class FinetunePlan:
     len: int
     warmup_steps: int
     batch_size: int
+    lr: float
 
     @property
     def tokens(self) -> int:
@@ -140,7 +145,7 @@ class RunConfig:
         steps = f.steps or max(1, round(0.1 * t.steps))
         warmup = f.warmup_steps if f.warmup_steps >= 0 else max(1, round(0.1 * steps))
         batch = f.batch_size or max(1, round(t.batch_size * t.train_len / length))
-        return FinetunePlan(steps, length, warmup, batch)
+        return FinetunePlan(steps, length, warmup, batch, f.lr or t.lr * t.min_lr_ratio)
 
     def cells(self) -> list[tuple[str, int]]:
         """(row name, seed) for every cell of the sweep, in a stable order."""
@@ -376,8 +381,9 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("data.valid_fraction and data.test_fraction must be fractions with test > 0 and sum < 1")
     cfg.eval_lengths()  # raises on a bad length
     f = cfg.finetune
-    if f.steps < 0 or f.batch_size < 0 or f.warmup_steps < -1:
-        raise ConfigError("finetune.steps and finetune.batch_size must be >= 0 (0: default), finetune.warmup_steps >= -1")
+    if f.steps < 0 or f.batch_size < 0 or f.warmup_steps < -1 or not (f.lr >= 0 and math.isfinite(f.lr)):
+        raise ConfigError("finetune.steps, finetune.batch_size and finetune.lr must be >= 0 (0: default), "
+                          "finetune.warmup_steps >= -1 (-1: default)")
     if any(encodings.get_class(parse_row(spec)[0]).finetuned for spec in cfg.encodings):
         cfg.finetune_plan()  # raises on a length at or below the train length
     validate_gate(cfg.gate)
@@ -439,6 +445,8 @@ def finetune_key(base_key: str, cfg: RunConfig, encoding: str) -> str:
 def eval_key(cfg: RunConfig) -> str:
     """Hash of the evaluation settings that change a number (not the batch size)."""
     ident = {k: v for k, v in asdict(cfg.eval).items() if k != "batch_tokens"}
+    if ident["protocol"] == "nonoverlapping":  # the default protocol keeps the keys results were made with
+        del ident["protocol"], ident["stride"]
     ident["lengths"] = cfg.eval_lengths()
     ident["precision"] = cfg.precision
     variants = {k: v for k, v in cfg.model.encoding_options.items() if encodings.get_class(k).trained_as}

@@ -218,7 +218,7 @@ class Sweep:
         label = f"{row_name(name, window)} seed {seed}"
         batches = self._train_batches(seed).continued(cfg.train.steps, plan.len, plan.batch_size)
         ft_cfg = replace(cfg.train, train_len=plan.len, batch_size=plan.batch_size, steps=plan.steps,
-                         warmup_steps=plan.warmup_steps)
+                         warmup_steps=plan.warmup_steps, lr=plan.lr)
         ckpt.mkdir(parents=True, exist_ok=True)
         state_path = ckpt / "train_state.pt"
         outcome = train(model, batches, ft_cfg, device=self.device, autocast_dtype=self.autocast,

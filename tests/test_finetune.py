@@ -31,6 +31,7 @@ def test_the_plan_defaults_to_a_tenth_of_pre_training_at_the_longest_length():
     cfg = load_config("configs/ci.yaml", {"encodings": ["rope", "rope-linear-ft"]})  # T=64, B=16, 300 steps
     plan = cfg.finetune_plan()
     assert (plan.steps, plan.len, plan.warmup_steps, plan.batch_size) == (30, 256, 3, 4)
+    assert plan.lr == pytest.approx(3e-3 * 0.1)  # where pre-training's cosine ended
     assert plan.tokens == 30 * 4 * 256 == 0.1 * 300 * 16 * 64  # 10% of the pre-training tokens
     cfg = load_config("configs/ci.yaml", {"finetune.len": "2x", "finetune.steps": 7})
     assert (cfg.finetune_plan().len, cfg.finetune_plan().steps, cfg.finetune_plan().batch_size) == (128, 7, 8)

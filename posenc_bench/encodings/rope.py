@@ -15,6 +15,8 @@ default one delegate to transformers' ``ROPE_INIT_FUNCTIONS`` rather than retypi
 
 from __future__ import annotations
 
+import math
+
 from typing import Optional
 
 import torch
@@ -35,7 +37,9 @@ def hf_scaled_inv_freq(
 ) -> tuple[torch.Tensor, float]:
     """(inv_freq, attention_scale) from transformers' ``ROPE_INIT_FUNCTIONS[rope_type]``.
 
-    ``params`` are the rope_parameters of that type (e.g. ``factor=4.0``).
+    ``params`` are the rope_parameters of that type (e.g. ``factor=4.0``). With an
+    ``original_max_position_embeddings`` parameter (yarn, llama3) the config's max_position_embeddings is the
+    extended context, original length x factor, as transformers expects; the frequencies do not depend on it.
     """
     from transformers import LlamaConfig  # imported here: transformers takes seconds to import
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -46,7 +50,8 @@ def hf_scaled_inv_freq(
         hidden_size=head_dim,
         num_attention_heads=1,
         head_dim=head_dim,
-        max_position_embeddings=original_len,
+        max_position_embeddings=(math.ceil(original_len * params.get("factor", 1.0))
+                                 if "original_max_position_embeddings" in params else original_len),
         rope_parameters={"rope_type": rope_type, "rope_theta": theta, **params},
     )
     inv_freq, attention_scale = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
