@@ -26,6 +26,7 @@ from posenc_bench.errors import PosencError  # noqa: E402
 from posenc_bench.report import Run, short_caption  # noqa: E402
 
 FORMATS = ("png", "svg")
+LINESTYLES = ("-", "--", "-.")  # rows 0-9, 10-19, 20-29 of the ten default colours
 DPI = 110
 
 
@@ -47,7 +48,8 @@ def _save(fig, out: Path, stem: str, formats: Sequence[str]) -> list[Path]:
 
 
 def _caption(fig, runs: Sequence[Run]) -> None:
-    text = "\n".join((f"{r.label}: " if r.label else "") + short_caption(r.data["run"]) for r in runs)
+    text = "\n".join((f"{r.label}: " if r.label else "") + short_caption(r.data["run"], r.data["records"])
+                     for r in runs)
     fig.text(0.01, -0.02, text, ha="left", va="top", fontsize=7, color="0.3")
 
 
@@ -99,7 +101,8 @@ def plot_ppl_vs_length(runs: Sequence[Run], out: Path, formats: Sequence[str] = 
             label = f"{run.label}: {row}" if run.label else row
             if len(pts) < len({r["eval_len"] for r in run.data["records"]}):
                 label += f" (to {xs[-1]})"
-            ax.errorbar(xs, ys, yerr=es if any(es) else None, label=label, linestyle=style,
+            ax.errorbar(xs, ys, yerr=es if any(es) else None, label=label,
+                        linestyle=style if len(runs) > 1 else LINESTYLES[j // 10 % 3],
                         marker=markers[j % len(markers)], markersize=4, capsize=2, color=f"C{j % 10}")
     if not all_means:
         plt.close(fig)
@@ -154,7 +157,7 @@ def plot_loss_by_position(run: Run, out: Path, formats: Sequence[str] = FORMATS,
         L, pts = got
         xs, ys = zip(*pts)
         label = row if L == longest else f"{row} (only to {L})"
-        ax.plot(xs, ys, label=label, color=f"C{j % 10}", linewidth=1.3)
+        ax.plot(xs, ys, label=label, color=f"C{j % 10}", linestyle=LINESTYLES[j // 10 % 3], linewidth=1.3)
         drawn += 1
     if not drawn:
         plt.close(fig)

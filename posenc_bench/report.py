@@ -16,7 +16,7 @@ import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import pandas as pd
 from tabulate import tabulate
@@ -252,21 +252,36 @@ def _footnotes(tables: Sequence[Table], notes: dict[str, str]) -> list[str]:
 # ----------------------------------------------------------------------------------------- the caption
 
 
-def caption(run: dict) -> str:
+def _short_commit(commit: str) -> str:
+    sha, dirty, _ = commit.partition("-dirty")
+    return sha[:12] + ("-dirty" if dirty else "")
+
+
+def _commits(run: dict, records: Optional[list[dict]]) -> str:
+    """'commit X', or, when rows were added by later invocations, every commit with its rows."""
+    by_commit: dict[str, list[str]] = {}
+    for r in records or []:
+        rows = by_commit.setdefault(_short_commit(r.get("git_commit") or run["git_commit"]), [])
+        if r["encoding"] not in rows:
+            rows.append(r["encoding"])
+    if len(by_commit) <= 1:
+        return f"commit {_short_commit(next(iter(by_commit), run['git_commit']))}"
+    return "commits " + "; ".join(f"{c} ({', '.join(rows)})" for c, rows in by_commit.items())
+
+
+def caption(run: dict, records: Optional[list[dict]] = None) -> str:
     if run.get("kind") == "eval" and run["model"].get("kind") == "hf":
         return hf_caption(run)
     cfg = run["config"]
     m, t = cfg["model"], cfg["train"]
     seeds = cfg["seeds"]
-    sha, dirty, _ = run["git_commit"].partition("-dirty")
-    commit = sha[:12] + ("-dirty" if dirty else "")
     return (
         f"Byte-level LM, {run.get('params', '?'):,} parameters ({m['n_layers']} layers, width {m['d_model']}, "
         f"{m['n_heads']} heads), trained {t['steps']} steps x {t['batch_size']} x {t['train_len']} tokens "
         f"(lr {t['lr']:g}); corpus {run['corpus']['source']} ({run['corpus']['fingerprint']}), "
         f"{run['eval_tokens']:,} {cfg['eval']['split']} tokens scored at every length "
         f"(eval {run['eval_fingerprint']}){_protocol(cfg)}; seeds {','.join(map(str, seeds))}; device {run['device']}; "
-        f"torch {run['versions']['torch']}; commit {commit}."
+        f"torch {run['versions']['torch']}; {_commits(run, records)}."
     )
 
 
@@ -277,7 +292,7 @@ def _protocol(cfg: dict) -> str:
     return ""
 
 
-def short_caption(run: dict) -> str:
+def short_caption(run: dict, records: Optional[list[dict]] = None) -> str:
     """The caption facts in two short lines, for figures."""
     if run.get("kind") == "eval" and run["model"].get("kind") == "hf":
         m = run["model"]
@@ -287,12 +302,13 @@ def short_caption(run: dict) -> str:
                 f"per length; {run['device']}; commit {run['git_commit'][:12]}")
     cfg = run["config"]
     m, t = cfg["model"], cfg["train"]
-    commit = run["git_commit"][:12]
+    commits = list(dict.fromkeys(_short_commit(r.get("git_commit") or run["git_commit"]) for r in records or []))
+    commit = ("commits " + ", ".join(commits)) if len(commits) > 1 else f"commit {_short_commit(run['git_commit'])}"
     return (
         f"{run.get('params', 0) / 1e6:.2f}M params ({m['n_layers']}L, d{m['d_model']}, {m['n_heads']}H), "
         f"train len {t['train_len']}, {t['steps']} steps x {t['batch_size']}; seeds "
         f"{','.join(map(str, cfg['seeds']))}\ncorpus {run['corpus']['source']} ({run['corpus']['fingerprint']}), "
-        f"{run['eval_tokens']:,} tokens per length{_protocol(cfg)}; {run['device']}; commit {commit}"
+        f"{run['eval_tokens']:,} tokens per length{_protocol(cfg)}; {run['device']}; {commit}"
     )
 
 
@@ -387,7 +403,7 @@ def render(runs: Sequence[Run], *, fmt: str = "md", values: Sequence[str] = DEFA
         return _csv(runs, tables)
     if fmt == "json":
         return _json(runs, tables, notes, values)
-    captions = [caption(r.data["run"]) if not r.label else f"{r.label}: {caption(r.data['run'])}" for r in runs]
+    captions = [(f"{r.label}: " if r.label else "") + caption(r.data["run"], r.data["records"]) for r in runs]
     blocks: list[tuple[str, str, list[str]]] = []  # (title, table text, footnotes)
     it = iter(tables)
     for v in values:
@@ -449,7 +465,7 @@ def _csv(runs: Sequence[Run], tables: Sequence[Table]) -> str:
 
 def _json(runs: Sequence[Run], tables: Sequence[Table], notes: dict[str, str], values: Sequence[str]) -> str:
     out = {
-        "runs": [{"label": r.label, "path": r.path, "caption": caption(r.data["run"])} for r in runs],
+        "runs": [{"label": r.label, "path": r.path, "caption": caption(r.data["run"], r.data["records"])} for r in runs],
         "tables": [{
             "value": t.value, "title": t.title,
             "columns": [asdict(c) | {"header": c.header()} for c in t.columns],

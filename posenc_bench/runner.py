@@ -172,9 +172,14 @@ class Sweep:
                 f"{self.run_meta['eval_fingerprint']}); "
                 "use another --out, or --fresh to start over"
             )
-        # Keep the rows of earlier invocations in the table, in their order, then the new ones.
-        self.run_meta["rows"] = list(dict.fromkeys(old["run"].get("rows", []) + self.run_meta["rows"]))
-        self.run_meta["config"]["encodings"] = list(dict.fromkeys(old_cfg["encodings"] + new_cfg["encodings"]))
+        # Keep the rows of earlier invocations in the table, in their order, then the new ones; an invocation
+        # that names every earlier row sets the order itself.
+        old_rows, new_rows = old["run"].get("rows", []), self.run_meta["rows"]
+        first, then = (new_rows, old_rows) if set(old_rows) <= set(new_rows) else (old_rows, new_rows)
+        self.run_meta["rows"] = list(dict.fromkeys(first + then))
+        old_enc, new_enc = old_cfg["encodings"], new_cfg["encodings"]
+        first, then = (new_enc, old_enc) if set(old_enc) <= set(new_enc) else (old_enc, new_enc)
+        self.run_meta["config"]["encodings"] = list(dict.fromkeys(first + then))
         self.run_meta["config"]["seeds"] = sorted(set(old_cfg["seeds"]) | set(new_cfg["seeds"]))
         return ResultsStore(path, self.run_meta, old["records"])
 

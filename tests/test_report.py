@@ -216,3 +216,10 @@ def test_readme_table_is_what_report_builds_from_the_committed_results():
     assert block is not None, "README.md lost its <!-- posenc-bench table: results/default --> block"
     assert block == report.render(report.load_runs([ROOT / "results" / "default"])), (
         "README table is stale: run `posenc-bench report results/default --update README.md`")
+
+
+def test_caption_names_every_commit_when_rows_were_added_later():
+    recs = [dict(r, git_commit="a" * 40) for r in RECORDS[:4]] + [dict(r, git_commit="b" * 40 + "-dirty") for r in RECORDS[4:6]]
+    text = report.caption(run_meta(["rope", "learned"]), recs)
+    assert text.endswith(f"commits {'a' * 12} (rope); {'b' * 12}-dirty (learned).")
+    assert report.caption(run_meta(["rope"]), RECORDS[:4]).endswith("commit 0123456789ab.")  # records without commits
