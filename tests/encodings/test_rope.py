@@ -83,3 +83,33 @@ def test_cos_sin_angles():
 def test_odd_head_dim_is_refused():
     with pytest.raises(ValueError, match="even head dimension"):
         RoPE(d_model=36, n_heads=4, train_len=8)
+
+
+def float64_cos_sin(pos, inv_freq, scale=1.0):
+    angles = pos.double()[:, None] * inv_freq.double()[None, :]
+    angles = torch.cat((angles, angles), -1)
+    return angles.cos() * scale, angles.sin() * scale
+
+
+@pytest.mark.parametrize("start", [0, 5])
+def test_cos_sin_cache_is_exact_to_float32_rounding_at_long_lengths(start):
+    inv, _ = default_inv_freq(128)
+    pos = torch.arange(start, start + 8192)
+    cos, sin = rope_cos_sin(pos, inv, 1.0)
+    ref_cos, ref_sin = float64_cos_sin(pos, inv)
+    assert cos.shape == sin.shape == (8192, 128) and cos.dtype == torch.float32
+    assert (cos.double() - ref_cos).abs().max() < 3e-7 and (sin.double() - ref_sin).abs().max() < 3e-7
+    # transformers' float32 angles are off by ~2e-4 at these positions; ours are not
+    angles32 = pos.float()[:, None] * inv[None, :]
+    assert (angles32.cos().double() - ref_cos[:, :64]).abs().max() > 1e-4
+
+
+def test_cos_sin_of_any_positions_and_attention_scale():
+    inv, _ = default_inv_freq(16)
+    pos = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])  # not consecutive: the direct path
+    cos, sin = rope_cos_sin(pos, inv, 0.75)
+    ref_cos, ref_sin = float64_cos_sin(pos, inv, 0.75)
+    assert (cos.double() - ref_cos).abs().max() < 1e-7 and (sin.double() - ref_sin).abs().max() < 1e-7
+    cos, sin = rope_cos_sin(torch.arange(100), inv, 0.75)  # the angle-addition path scales the same way
+    ref_cos, ref_sin = float64_cos_sin(torch.arange(100), inv, 0.75)
+    assert (cos.double() - ref_cos).abs().max() < 3e-7 and (sin.double() - ref_sin).abs().max() < 3e-7
