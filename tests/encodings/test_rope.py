@@ -113,3 +113,24 @@ def test_cos_sin_of_any_positions_and_attention_scale():
     cos, sin = rope_cos_sin(torch.arange(100), inv, 0.75)  # the angle-addition path scales the same way
     ref_cos, ref_sin = float64_cos_sin(torch.arange(100), inv, 0.75)
     assert (cos.double() - ref_cos).abs().max() < 3e-7 and (sin.double() - ref_sin).abs().max() < 3e-7
+
+
+def test_fused_rotation_equals_the_textbook_formula_forward_and_backward():
+    from posenc_bench.encodings.rope import apply_rotary, rope_cos_sin_halves, rotate_half
+
+    inv, _ = default_inv_freq(16)
+    cos, sin = rope_cos_sin_halves(torch.arange(30), inv, 1.0)
+    full_cos, full_sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
+    x = torch.randn(2, 3, 30, 16, requires_grad=True)
+    g = torch.randn(2, 3, 30, 16)
+    ours = apply_rotary(x, cos, sin)
+    (gx,) = torch.autograd.grad(ours, x, g)
+    ref = x * full_cos + rotate_half(x) * full_sin
+    (gref,) = torch.autograd.grad(ref, x, g)
+    assert torch.allclose(ours, ref, atol=1e-6) and torch.allclose(gx, gref, atol=1e-6)
+    xd = torch.randn(1, 2, 5, 16, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(apply_rotary, (xd, cos[:5].double(), sin[:5].double()))
+    # a strided view (what the model passes: q from the fused qkv projection) rotates the same
+    qkv = torch.randn(2, 30, 3, 3, 16)
+    q = qkv[:, :, 0].transpose(1, 2)  # (2, 3, 30, 16), not contiguous
+    assert torch.allclose(apply_rotary(q, cos, sin), apply_rotary(q.contiguous(), cos, sin))
