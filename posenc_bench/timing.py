@@ -49,7 +49,7 @@ class TimingConfig:
     min_run_time: float = 0.2  # seconds per blocked_autorange
     train_len: int = 2048  # forward+backward of the small model (configs/default.yaml's model) at this length
     train_tokens: int = 4096  # tokens per forward+backward (batch = train_tokens // train_len)
-    max_bias_bytes: int = 1 << 30  # skip building a full (H, L, L) bias above this
+    max_bias_bytes: int = 256 << 20  # skip building a full (H, L, L) bias above this
     application: bool = True
     training: bool = True
 
