@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import os
 import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -327,6 +328,7 @@ def run_timing(tc: TimingConfig, log: Callable[[str], None] = print) -> dict:
             rows += attention_rows(tc, device, dtype, int(length), log)
     llama = None
     if tc.training:
+        rows += memory_rows(tc, device, log)
         rows += training_rows(tc, device, log)
         llama = versus_llama(device, log)
     return {"schema_version": 1, "config": asdict(tc), "machine": info, "commit": git_commit(),
@@ -344,9 +346,10 @@ def table_rows(result: dict) -> list[dict]:
         ms = lambda v: None if v is None else round(v * 1e3, 4)  # noqa: E731
         rr = lambda v: None if v is None else round(v, 2)  # noqa: E731
         out.append({"device": dev, "dtype": dtype, "part": r["part"], "encoding": r["encoding"], "what": r["what"],
-                    "length": r["length"], "dims": r["dims"], "median_ms": ms(r["median_s"]), "iqr_ms": ms(r.get("iqr_s")),
+                    "length": r["length"], "dims": r["dims"], "median_ms": ms(r.get("median_s")), "iqr_ms": ms(r.get("iqr_s")),
                     "floor_ms": ms(r.get("floor_s")), "x_floor": rr(r.get("x_floor")), "reference": r.get("reference", ""),
-                    "reference_ms": ms(r.get("reference_s")), "x_textbook": rr(r.get("x_textbook")), "x_fused": rr(r.get("x_fused"))})
+                    "reference_ms": ms(r.get("reference_s")), "x_textbook": rr(r.get("x_textbook")), "x_fused": rr(r.get("x_fused")),
+                    "peak_mib": r.get("peak_mib")})
     return out
 
 
@@ -386,3 +389,64 @@ def write_outputs(result: dict, out: Path | str) -> Path:
     atomic_write_text(out / "timing.md", markdown(result))
     return out
 
+
+
+_PEAK_SCRIPT = r"""
+import json, resource, sys, torch
+from posenc_bench.model import DecoderLM, ModelConfig
+name, train_len, length, batch, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+torch.set_num_threads(threads)
+model = DecoderLM(ModelConfig(), name, train_len, seed=0).eval()
+x = torch.randint(0, 256, (batch, length))
+with torch.inference_mode():
+    model(x[:, :8])  # warm up allocations of small buffers
+    before = int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()
+    model(x)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"peak_extra_bytes": max(0, peak - before)}))
+"""
+
+
+def eval_peak_memory(name: str, device: torch.device, train_len: int, length: int, batch: int) -> Optional[int]:
+    """Extra memory of one eval forward of the default model at ``length``: on CUDA the allocator's peak
+    above what was allocated before; on CPU the peak RSS of a fresh process above its RSS before the
+    forward (Linux; None where /proc is missing)."""
+    if device.type == "cuda":
+        model = DecoderLM(ModelConfig(), name, train_len, seed=0).to(device).eval()
+        x = torch.randint(0, 256, (batch, length), device=device)
+        with torch.inference_mode():
+            model(x[:, :8])
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
+            model(x)
+            torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before
+    if not Path("/proc/self/statm").exists():
+        return None
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]))}
+    proc = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, name, str(train_len), str(length), str(batch),
+                           str(torch.get_num_threads())], capture_output=True, text=True, env=env, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])["peak_extra_bytes"]
+
+
+def memory_rows(tc: TimingConfig, device: torch.device, log) -> list[dict]:
+    """Eval forward at 4x the train length (the default run's 128 -> 512, batch of eval.batch_tokens=16384
+    tokens): peak extra memory per encoding relative to the fused path (nope)."""
+    train_len, length = 128, 512
+    batch = 16384 // length
+    rows, base = [], None
+    for name in [n for n in trained_encodings() if n != "learned"]:
+        peak = eval_peak_memory(name, device, train_len, length, batch)
+        if peak is None:
+            return []
+        base = peak if name == "nope" else base
+        rows.append({"part": "eval peak memory", "encoding": name, "what": f"forward at 4x, batch {batch}",
+                     "length": length, "dims": "d128 L4 H4", "median_s": None, "iqr_s": None, "runs": 1,
+                     "peak_mib": round(peak / 2**20, 1), "x_fused": peak / base if base else None})
+        log(f"  memory {name:<12} L={length:<6} peak +{peak / 2**20:8.1f} MiB  x{peak / base if base else float('nan'):.2f} fused")
+    return rows

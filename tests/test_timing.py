@@ -83,3 +83,10 @@ def test_cuda_run_records_the_gpu(tmp_path):
     write_outputs(result, tmp_path)
     assert result["machine"]["gpu"] and result["machine"]["device"].startswith("cuda")
     assert all(r["median_s"] > 0 for r in result["rows"])
+
+
+def test_eval_peak_memory_is_measured_per_encoding():
+    from posenc_bench.timing import eval_peak_memory
+
+    peak = eval_peak_memory("nope", torch.device("cpu"), 16, 64, 2)
+    assert peak is None or (isinstance(peak, int) and peak >= 0)
