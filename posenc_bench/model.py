@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc_bench import encodings
+from posenc_bench import distance_bias, encodings
 from posenc_bench.data import VOCAB_SIZE
 from posenc_bench.errors import ConfigError
 
@@ -55,6 +55,7 @@ class AttentionPlan:
     """
 
     FOLD_ROWS = 256
+    BIAS_ROWS = 512  # query chunk of a learned distance bias in training (distance_bias.py)
 
     def __init__(self, encoding: encodings.Encoding, pos: torch.Tensor, window: Optional[int], max_mask_bytes: int):
         self.encoding = encoding
@@ -71,6 +72,8 @@ class AttentionPlan:
             size = max(1, min(T, max_mask_bytes // row_bytes))
             if self.folded:
                 size = min(size, self.FOLD_ROWS)
+            elif explicit_bias and self._distance_bias_training(encoding, pos):
+                size = min(size, self.BIAS_ROWS)  # keys [0, qe) per chunk: skips most of the masked upper half
             self.chunks = []
             for qs in range(0, T, size):
                 qe = min(T, qs + size)
@@ -80,6 +83,14 @@ class AttentionPlan:
         self.causal = [not explicit_bias and window is None and qs == 0 for qs, _, _ in self.chunks]
         self._cached: Optional[torch.Tensor] = None
         self._factors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # a learned distance bias in training: flash kernel + band gradient instead of SDPA's math path
+        self.distance_bias = None
+        if explicit_bias and self._distance_bias_training(encoding, pos):
+            self.distance_bias = encoding.distance_bias()  # (H, W + 1), carries the gradient
+
+    @staticmethod
+    def _distance_bias_training(encoding: encodings.Encoding, pos: torch.Tensor) -> bool:
+        return encoding.has_distance_bias and torch.is_grad_enabled() and distance_bias.supported(pos)
 
     def mask(self, i: int, dtype: torch.dtype) -> Optional[torch.Tensor]:
         if self.causal[i]:
@@ -92,7 +103,8 @@ class AttentionPlan:
         allowed = rel <= 0
         if self.window is not None:
             allowed = allowed & (rel > -self.window)
-        bias = None if self.folded else self.encoding.bias(q_pos, k_pos)  # (1, H, q, k) or None
+        with torch.set_grad_enabled(torch.is_grad_enabled() and self.distance_bias is None):  # else: a constant
+            bias = None if self.folded else self.encoding.bias(q_pos, k_pos)  # (1, H, q, k) or None
         if bias is None:
             mask = torch.zeros(1, 1, *allowed.shape, device=self.pos.device)
         else:
@@ -148,7 +160,10 @@ class CausalSelfAttention(nn.Module):
             if plan.folded:
                 qc, kc, vc = plan.fold_bias(i, qc, kc, vc, scale)  # (B, H, *, D + extra channels)
             mask = plan.mask(i, q.dtype)  # None (causal chunk) or (1, H or 1, qe - qs, qe - ks)
-            y = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, is_causal=mask is None, scale=scale)
+            if plan.distance_bias is not None:
+                y = distance_bias.distance_bias_attention(qc, kc, vc, plan.distance_bias, mask, scale, qs, ks)
+            else:
+                y = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, is_causal=mask is None, scale=scale)
             outs.append(y[..., :D])
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)

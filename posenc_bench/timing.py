@@ -243,13 +243,14 @@ def training_rows(tc: TimingConfig, device: torch.device, log) -> list[dict]:
     torch.manual_seed(0)
     batch = torch.randint(0, 256, (B, T + 1), device=device)
     rows, base = [], None
-    variants = [(n, False) for n in trained_encodings()] + [("alibi", True)]
+    variants = [(n, False) for n in trained_encodings()] + [("alibi", True), ("t5", True)]
     for name, explicit in variants:
         if name == "learned":
             continue  # a table lookup: the fused path plus one add
         model = DecoderLM(ModelConfig(), name, T, seed=0).to(device)
-        if explicit:
+        if explicit:  # the straightforward path: a (1, H, q, k) bias mask through SDPA
             model.encoding.has_low_rank_bias = False
+            model.encoding.has_distance_bias = False
 
         def step():
             _loss(model, batch).backward()

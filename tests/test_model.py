@@ -132,3 +132,29 @@ def test_folded_alibi_keeps_precision_at_long_lengths(dtype, tol):
     p_folded = (folded.double() + causal).softmax(-1)
     p_exact = (exact + causal).softmax(-1)
     assert (p_folded - p_exact).abs().max() < tol
+
+
+@pytest.mark.parametrize("window,max_mask_bytes,bias_rows", [(None, 64 << 20, 512), (None, 64 << 20, 40), (None, 4096, 512),
+                                                             (9, 64 << 20, 512), (200, 64 << 20, 64)])
+def test_t5_training_path_matches_sdpa_forward_and_gradients(monkeypatch, window, max_mask_bytes, bias_rows):
+    """The flash + band-gradient path for a learned distance bias (training on CPU) equals the textbook
+    attention: logits and the gradients of every parameter, the T5 table included (300 tokens: far past
+    max_distance=128, so the shared last bucket gets its gradient from the row-sum identity)."""
+    monkeypatch.setattr(AttentionPlan, "BIAS_ROWS", bias_rows)
+    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=4)
+    model = DecoderLM(cfg, "t5", 16, window=window, seed=1, max_mask_bytes=max_mask_bytes)
+    x = torch.randint(0, 256, (2, 300))
+    plan = AttentionPlan(model.encoding, torch.arange(300), window, max_mask_bytes)
+    assert plan.distance_bias is not None  # grad enabled on CPU: the band path
+    with torch.no_grad():
+        assert AttentionPlan(model.encoding, torch.arange(300), window, max_mask_bytes).distance_bias is None
+    ours = model(x)
+    ours.square().mean().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    ref = reference_attention(model, x, window)
+    ref.square().mean().backward()
+    assert torch.allclose(ours, ref, atol=2e-5), (ours - ref).abs().max()
+    for n, p in model.named_parameters():
+        assert torch.allclose(grads[n], p.grad, atol=1e-7, rtol=1e-4), (n, (grads[n] - p.grad).abs().max())
+    assert grads["encoding.relative_attention_bias.weight"].abs().sum() > 0

@@ -43,6 +43,9 @@ class Encoding(nn.Module):
     # True when bias_factors() returns factors: the model folds the bias into extra q/k channels and keeps
     # SDPA's fused kernels and no (Tq, Tk) bias tensor is ever built.
     has_low_rank_bias: ClassVar[bool] = False
+    # True when distance_bias() returns r (H, W + 1) with bias(i, j) = r[h, min(i - j, W)]: training then keeps
+    # SDPA's flash kernel and computes r's gradient on a band of W diagonals (posenc_bench/distance_bias.py).
+    has_distance_bias: ClassVar[bool] = False
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int) -> None:
         super().__init__()
@@ -67,6 +70,10 @@ class Encoding(nn.Module):
         """Optional: float64 factors qf (H, Tq, E), kf (H, Tk, E) with qf @ kf^T = bias(q_pos, k_pos)[0] + c,
         where c may vary per query row (softmax ignores it). Keep the product small near the diagonal (e.g.
         centre positions on the query chunk): the model adds it to float logits."""
+        return None
+
+    def distance_bias(self) -> Optional[torch.Tensor]:
+        """Optional: r (H, W + 1) such that bias(q_pos, k_pos) = r[h, min(i - j, W)] for every visible key."""
         return None
 
 

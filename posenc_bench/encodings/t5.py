@@ -34,6 +34,7 @@ def relative_position_bucket(relative_position: torch.Tensor, num_buckets: int =
 class T5Bias(Encoding):
     summary = "learned per-head bias on log-spaced relative-distance buckets; Raffel et al. 2020"
     has_bias = True
+    has_distance_bias = True
 
     def __init__(
         self, *, d_model: int, n_heads: int, train_len: int, num_buckets: int = 32, max_distance: int = 128
@@ -54,3 +55,10 @@ class T5Bias(Encoding):
         buckets = relative_position_bucket(relative, self.num_buckets, self.max_distance)
         values = self.relative_attention_bias(buckets)  # (Tq, Tk, H)
         return values.permute(2, 0, 1).unsqueeze(0)  # (1, H, Tq, Tk)
+
+    def distance_bias(self) -> torch.Tensor:
+        """r (H, max_distance + 1): the bias at distances 0 .. max_distance; every larger distance shares the
+        last bucket, so bias(i, j) = r[h, min(i - j, max_distance)]."""
+        distance = torch.arange(self.max_distance + 1, device=self.relative_attention_bias.weight.device)
+        buckets = relative_position_bucket(-distance, self.num_buckets, self.max_distance)
+        return self.relative_attention_bias(buckets).t()  # (H, max_distance + 1)

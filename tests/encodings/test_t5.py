@@ -34,3 +34,15 @@ def test_bias_looks_up_per_head_values():
     assert torch.equal(b[0, :, 19, 19], w[0])
     # translation invariance: the same distance gives the same bias anywhere
     assert torch.equal(b[0, :, 15, 5], b[0, :, 12, 2])
+
+
+def test_distance_bias_is_the_bias_by_distance():
+    from posenc_bench.encodings.t5 import T5Bias
+
+    enc = T5Bias(d_model=32, n_heads=4, train_len=16, num_buckets=8, max_distance=20)
+    r = enc.distance_bias()
+    assert r.shape == (4, 21)
+    pos = torch.arange(60)
+    b = enc.bias(pos, pos)[0]  # (H, 60, 60)
+    for i, j in [(0, 0), (5, 2), (30, 11), (59, 39), (59, 0), (40, 19)]:
+        assert torch.equal(b[:, i, j], r[:, min(i - j, 20)]), (i, j)
