@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 
 
-def supported(q: torch.Tensor) -> bool:
+def supported(x: torch.Tensor) -> bool:
     """The path needs the CPU flash kernel's log-sum-exp (other devices keep SDPA, whose GPU kernels take a
     bias gradient themselves)."""
-    return q.device.type == "cpu" and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+    return x.device.type == "cpu" and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
 
 
 class _DistanceBiasAttention(torch.autograd.Function):

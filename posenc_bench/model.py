@@ -5,9 +5,12 @@ asks which encoding it has:
   embed(x, pos) once after the token embedding; rotate(q, k, pos) in every layer; bias(q_pos, k_pos) for the
   attention logits (shared by all layers).
 Attention is ``F.scaled_dot_product_attention``: on its fused causal path (``is_causal=True``) when the
-encoding has no bias and there is no sliding window; otherwise with a 4-D (1, H, Tq, Tk) float mask (a 3-D
-mask sends SDPA to its slow math path), built for chunks of queries so that memory stays bounded at long
-eval lengths instead of needing a full (H, L, L) tensor per layer.
+encoding has no bias and there is no sliding window; a bias that is low-rank up to per-row constants (ALiBi,
+``has_low_rank_bias``) is folded into extra q/k channels and stays on the fused kernels; any other bias or a
+window becomes a 4-D (1, H, Tq, Tk) float mask (a 3-D mask sends SDPA to its slow math path), built for chunks
+of queries so that memory stays bounded at long eval lengths instead of needing a full (H, L, L) tensor per
+layer. A learned distance bias (T5, ``has_distance_bias``) trains through ``distance_bias.py`` on CPU, which
+keeps the flash kernel where SDPA would fall back to its math path for a mask that requires grad.
 
 Sliding-window attention (``window=W``; Beltagy et al., "Longformer", arXiv:2004.05150) lets query i see keys
 j with i - W < j <= i; it composes with every encoding.
