@@ -236,37 +236,44 @@ def _loss(model, batch):
     return F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
 
 
-def training_rows(tc: TimingConfig, device: torch.device, log) -> list[dict]:
-    """Forward+backward of configs/default.yaml's model at train_len per trained encoding, vs nope (fused)."""
+def training_rows(tc: TimingConfig, device: torch.device, log, rounds: int = 3) -> list[dict]:
+    """Forward+backward of configs/default.yaml's model at train_len per trained encoding, vs nope (fused).
+
+    The variants are measured in turn, ``rounds`` times; each round's ratio is taken against that round's
+    fused time and the median ratio reported with all of them (a shared machine drifts between rounds)."""
     T = tc.train_len
     B = max(1, tc.train_tokens // T)
     torch.manual_seed(0)
     batch = torch.randint(0, 256, (B, T + 1), device=device)
-    rows, base = [], None
-    variants = [(n, False) for n in trained_encodings()] + [("alibi", True), ("t5", True)]
-    for name, explicit in variants:
-        if name == "learned":
-            continue  # a table lookup: the fused path plus one add
+    models = {}
+    for name, explicit in [(n, False) for n in trained_encodings() if n != "learned"] + [("alibi", True), ("t5", True)]:
         model = DecoderLM(ModelConfig(), name, T, seed=0).to(device)
         if explicit:  # the straightforward path: a (1, H, q, k) bias mask through SDPA
             model.encoding.has_low_rank_bias = False
             model.encoding.has_distance_bias = False
+        models[name + (" (explicit bias)" if explicit else "")] = model
+    times: dict[str, list[float]] = {k: [] for k in models}
+    for _ in range(rounds):
+        for label, model in models.items():
+            def step(model=model):
+                _loss(model, batch).backward()
+                model.zero_grad(set_to_none=True)
 
-        def step():
-            _loss(model, batch).backward()
-
-        timing = measure(step, max(tc.min_run_time, 1.0))
-        base = timing["median_s"] if name == "nope" else base
-        label = name + (" (explicit bias)" if explicit else "")
-        rows.append({"part": "model forward+backward", "encoding": label, "what": f"batch {B}", "length": T,
-                     "dims": "d128 L4 H4", **timing, "x_fused": timing["median_s"] / base})
-        log(f"  train {label:<24} T={T:<6} {timing['median_s'] * 1e3:9.1f} ms  x{timing['median_s'] / base:.2f} fused")
-        model.zero_grad(set_to_none=True)
+            times[label].append(measure(step, max(tc.min_run_time, 1.0))["median_s"])
+    rows = []
+    for label, ts in times.items():
+        ratios = [t / f for t, f in zip(ts, times["nope"])]
+        median = sorted(ratios)[len(ratios) // 2]
+        rows.append({"part": "model forward+backward", "encoding": label, "what": f"batch {B}, {rounds} rounds",
+                     "length": T, "dims": "d128 L4 H4", "median_s": sorted(ts)[len(ts) // 2], "iqr_s": None,
+                     "runs": rounds, "x_fused": median, "x_fused_rounds": [round(r, 3) for r in ratios]})
+        log(f"  train {label:<24} T={T:<6} {rows[-1]['median_s'] * 1e3:9.1f} ms  x{median:.2f} fused "
+            f"(rounds {', '.join(f'{r:.2f}' for r in ratios)})")
     return rows
 
 
-def versus_llama(device: torch.device, log, *, train_len: int = 128, batch: int = 32, rounds: int = 3,
-                 min_run_time: float = 1.0) -> dict:
+def versus_llama(device: torch.device, log, *, train_len: int = 128, batch: int = 32, rounds: int = 7,
+                 min_run_time: float = 0.5) -> dict:
     """Training step (forward, backward, AdamW) of our RoPE model vs transformers' LlamaForCausalLM of the
     same size, at the default run's shape; alternated ``rounds`` times, the ratio of each pair reported."""
     cfg = ModelConfig()
