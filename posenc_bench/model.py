@@ -51,7 +51,9 @@ class AttentionPlan:
       (``fold_bias``), so no (Tq, Tk) bias exists and SDPA stays on its fused kernels; queries come in chunks
       of at most ``FOLD_ROWS`` so the folded values stay small (float precision). The first chunk is square and
       causal; later ones get a causal (and window) mask without any bias.
-    - mask: a 4-D (1, H or 1, q, k) float mask holding the bias and the causal/window -inf entries.
+    - mask: a 4-D (1, H or 1, q, k) float mask holding the bias and the causal/window -inf entries. In training
+      on CPU a learned distance bias (``encoding.has_distance_bias``, e.g. T5) goes through
+      ``distance_bias.distance_bias_attention`` (flash kernel + band gradient) in chunks of ``BIAS_ROWS`` queries.
 
     Chunk i covers queries [qs, qe) and keys [ks, qe). Masks of a single chunk are built once per forward;
     with several chunks each layer rebuilds them, so at most one chunk's mask is alive at a time.

@@ -400,25 +400,29 @@ def write_outputs(result: dict, out: Path | str) -> Path:
 
 
 _PEAK_SCRIPT = r"""
-import json, resource, sys, torch
+import gc, json, re, sys, torch
 from posenc_bench.model import DecoderLM, ModelConfig
 name, train_len, length, batch, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 torch.set_num_threads(threads)
+status = lambda key: int(re.search(key + r":\s+(\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
 model = DecoderLM(ModelConfig(), name, train_len, seed=0).eval()
 x = torch.randint(0, 256, (batch, length))
 with torch.inference_mode():
-    model(x[:, :8])  # warm up allocations of small buffers
-    before = int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()
+    model(x)  # warm-up at full size: workspaces, caches
+    gc.collect()
+    open("/proc/self/clear_refs", "w").write("5")  # reset the peak RSS (VmHWM) to the current RSS
+    before = status("VmRSS")
     model(x)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = status("VmHWM")
 print(json.dumps({"peak_extra_bytes": max(0, peak - before)}))
 """
 
 
 def eval_peak_memory(name: str, device: torch.device, train_len: int, length: int, batch: int) -> Optional[int]:
     """Extra memory of one eval forward of the default model at ``length``: on CUDA the allocator's peak
-    above what was allocated before; on CPU the peak RSS of a fresh process above its RSS before the
-    forward (Linux; None where /proc is missing)."""
+    above what was allocated before; on CPU, in a fresh process whose large allocations are mmap-ed (so a
+    freed tensor leaves the RSS), the peak RSS of the second forward above the RSS before it (Linux: the
+    peak is reset through /proc/self/clear_refs; None where that is missing)."""
     if device.type == "cuda":
         model = DecoderLM(ModelConfig(), name, train_len, seed=0).to(device).eval()
         x = torch.randint(0, 256, (batch, length), device=device)
@@ -430,15 +434,17 @@ def eval_peak_memory(name: str, device: torch.device, train_len: int, length: in
             model(x)
             torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - before
-    if not Path("/proc/self/statm").exists():
+    if not Path("/proc/self/clear_refs").exists():
         return None
     import json
     import subprocess
     import sys
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]))}
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]))}
     proc = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, name, str(train_len), str(length), str(batch),
-                           str(torch.get_num_threads())], capture_output=True, text=True, env=env, check=True)
+                           str(torch.get_num_threads())], capture_output=True, text=True, env=env)
+    if proc.returncode:
+        return None
     return json.loads(proc.stdout.strip().splitlines()[-1])["peak_extra_bytes"]
 
 
