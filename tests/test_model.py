@@ -141,11 +141,13 @@ def test_t5_training_path_matches_sdpa_forward_and_gradients(monkeypatch, window
     attention: logits and the gradients of every parameter, the T5 table included (300 tokens: far past
     max_distance=128, so the shared last bucket gets its gradient from the row-sum identity)."""
     monkeypatch.setattr(AttentionPlan, "BIAS_ROWS", bias_rows)
+    monkeypatch.setattr(AttentionPlan, "BAND_MIN", 2)  # 300 tokens >= 2 x 128: the band path
     cfg = ModelConfig(d_model=32, n_layers=2, n_heads=4)
     model = DecoderLM(cfg, "t5", 16, window=window, seed=1, max_mask_bytes=max_mask_bytes)
     x = torch.randint(0, 256, (2, 300))
     plan = AttentionPlan(model.encoding, torch.arange(300), window, max_mask_bytes)
     assert plan.distance_bias is not None  # grad enabled on CPU: the band path
+    assert AttentionPlan(model.encoding, torch.arange(200), window, max_mask_bytes).distance_bias is None  # short
     with torch.no_grad():
         assert AttentionPlan(model.encoding, torch.arange(300), window, max_mask_bytes).distance_bias is None
     ours = model(x)
