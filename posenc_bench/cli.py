@@ -290,6 +290,24 @@ def cmd_eval(args: argparse.Namespace) -> int:
     out = run_eval(opts)
     print()
     print((out / "table.md").read_text().rstrip())
+def cmd_time(args: argparse.Namespace) -> int:
+    from posenc_bench.timing import TimingConfig, run_timing, write_outputs
+
+    try:
+        lengths = [int(v) for v in args.lengths.split(",") if v.strip()]
+    except ValueError:
+        raise PosencError(f"--lengths {args.lengths!r}: give whole numbers of tokens, e.g. 2048,8192") from None
+    tc = TimingConfig(device=args.device, lengths=lengths, d_model=args.d_model, head_dim=args.head_dim,
+                      dtype=args.dtype, threads=args.threads, min_run_time=args.min_run_time,
+                      train_len=args.train_len, application=not args.generation_only,
+                      training=not args.generation_only and not args.no_train)
+    result = run_timing(tc)
+    out = write_outputs(result, args.out)
+    from posenc_bench.timing import markdown
+
+    print()
+    print(markdown(result).rstrip())
+    print(f"\nwrote {out}/timing.json, timing.csv, timing.md")
     return 0
 
 
@@ -402,6 +420,19 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--fresh", action="store_true", help="delete the output folder's results first")
     e.add_argument("--progress", choices=("auto", "on", "off"), default="auto")
     e.set_defaults(func=cmd_eval)
+    t = sub.add_parser("time", help="time each encoding's generation and application against the floor and references")
+    t.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default cpu)")
+    t.add_argument("--lengths", default="2048,5000,8192", help="comma list of sequence lengths")
+    t.add_argument("--d-model", type=int, default=512, help="table / attention width (default 512)")
+    t.add_argument("--head-dim", type=int, default=128, help="RoPE cache width and attention head size (default 128)")
+    t.add_argument("--dtype", default="fp32", help="fp32 | bf16 (attention layers)")
+    t.add_argument("--threads", type=int)
+    t.add_argument("--train-len", type=int, default=2048, help="length of the model forward+backward (default 2048)")
+    t.add_argument("--min-run-time", type=float, default=0.2, help="seconds per measurement (default 0.2)")
+    t.add_argument("--generation-only", action="store_true", help="only the generation part (seconds)")
+    t.add_argument("--no-train", action="store_true", help="skip the model forward+backward and the Llama comparison")
+    t.add_argument("--out", default="results/timing", help="output folder (timing.json, timing.csv, timing.md)")
+    t.set_defaults(func=cmd_time)
 
     ls = sub.add_parser("list", help="registered encodings, one line each")
     ls.set_defaults(func=cmd_list)

@@ -5,9 +5,12 @@ asks which encoding it has:
   embed(x, pos) once after the token embedding; rotate(q, k, pos) in every layer; bias(q_pos, k_pos) for the
   attention logits (shared by all layers).
 Attention is ``F.scaled_dot_product_attention``: on its fused causal path (``is_causal=True``) when the
-encoding has no bias and there is no sliding window; otherwise with a 4-D (1, H, Tq, Tk) float mask (a 3-D
-mask sends SDPA to its slow math path), built for chunks of queries so that memory stays bounded at long
-eval lengths instead of needing a full (H, L, L) tensor per layer.
+encoding has no bias and there is no sliding window; a bias that is low-rank up to per-row constants (ALiBi,
+``has_low_rank_bias``) is folded into extra q/k channels and stays on the fused kernels; any other bias or a
+window becomes a 4-D (1, H, Tq, Tk) float mask (a 3-D mask sends SDPA to its slow math path), built for chunks
+of queries so that memory stays bounded at long eval lengths instead of needing a full (H, L, L) tensor per
+layer. A learned distance bias (T5, ``has_distance_bias``) trains through ``distance_bias.py`` on CPU, which
+keeps the flash kernel where SDPA would fall back to its math path for a mask that requires grad.
 
 Sliding-window attention (``window=W``; Beltagy et al., "Longformer", arXiv:2004.05150) lets query i see keys
 j with i - W < j <= i; it composes with every encoding.
@@ -23,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc_bench import encodings
+from posenc_bench import distance_bias, encodings
 from posenc_bench.data import VOCAB_SIZE
 from posenc_bench.errors import ConfigError
 
@@ -42,30 +45,61 @@ class ModelConfig:
 class AttentionPlan:
     """How one forward pass at length T runs attention: query chunks and their masks, shared by all layers.
 
+    Three ways, chosen from the encoding's capabilities (never its name):
+    - fused: no bias, no window: one SDPA call on the fused causal path (``is_causal=True``).
+    - low-rank bias (``encoding.has_low_rank_bias``, e.g. ALiBi): the bias is folded into extra q/k channels
+      (``fold_bias``), so no (Tq, Tk) bias exists and SDPA stays on its fused kernels; queries come in chunks
+      of at most ``FOLD_ROWS`` so the folded values stay small (float precision). The first chunk is square and
+      causal; later ones get a causal (and window) mask without any bias.
+    - mask: a 4-D (1, H or 1, q, k) float mask holding the bias and the causal/window -inf entries. In training
+      on CPU a learned distance bias (``encoding.has_distance_bias``, e.g. T5) goes through
+      ``distance_bias.distance_bias_attention`` (flash kernel + band gradient) in chunks of ``BIAS_ROWS`` queries,
+      from ``BAND_MIN`` x its band width on (shorter sequences are cheaper on SDPA's math path).
+
     Chunk i covers queries [qs, qe) and keys [ks, qe). Masks of a single chunk are built once per forward;
     with several chunks each layer rebuilds them, so at most one chunk's mask is alive at a time.
     """
+
+    FOLD_ROWS = 256
+    BIAS_ROWS = 512  # query chunk of a learned distance bias in training (distance_bias.py)
+    BAND_MIN = 4  # ... taken from T >= BAND_MIN x its band width on
 
     def __init__(self, encoding: encodings.Encoding, pos: torch.Tensor, window: Optional[int], max_mask_bytes: int):
         self.encoding = encoding
         self.pos = pos
         self.window = window
         T = pos.shape[0]
+        self.folded = encoding.has_bias and encoding.has_low_rank_bias
+        explicit_bias = encoding.has_bias and not self.folded
+        # a learned distance bias in training: flash kernel + band gradient instead of SDPA's math path, once
+        # the sequence is long enough for that to pay (measured: 0.74x the time at 1024 tokens, 1.55x at 128)
+        self.distance_bias = None
+        if explicit_bias and encoding.has_distance_bias and torch.is_grad_enabled() and distance_bias.supported(pos):
+            r = encoding.distance_bias()  # (H, W + 1), carries the gradient
+            if T >= self.BAND_MIN * (r.shape[1] - 1):
+                self.distance_bias = r
         self.fused = not encoding.has_bias and window is None
         if self.fused:
             self.chunks = [(0, T, 0)]
         else:
-            row_bytes = 4 * max(1, encoding.n_heads if encoding.has_bias else 1) * T
+            row_bytes = 4 * max(1, encoding.n_heads if explicit_bias else 1) * T
             size = max(1, min(T, max_mask_bytes // row_bytes))
+            if self.folded:
+                size = min(size, self.FOLD_ROWS)
+            elif self.distance_bias is not None:
+                size = min(size, self.BIAS_ROWS)  # keys [0, qe) per chunk: skips most of the masked upper half
             self.chunks = []
             for qs in range(0, T, size):
                 qe = min(T, qs + size)
                 ks = 0 if window is None else max(0, qs - window + 1)
                 self.chunks.append((qs, qe, ks))
+        # chunks that need no mask: SDPA's own causal mask is exact for a square chunk from position 0
+        self.causal = [not explicit_bias and window is None and qs == 0 for qs, _, _ in self.chunks]
         self._cached: Optional[torch.Tensor] = None
+        self._factors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def mask(self, i: int, dtype: torch.dtype) -> Optional[torch.Tensor]:
-        if self.fused:
+        if self.causal[i]:
             return None
         if len(self.chunks) == 1 and self._cached is not None:
             return self._cached.to(dtype)
@@ -75,7 +109,8 @@ class AttentionPlan:
         allowed = rel <= 0
         if self.window is not None:
             allowed = allowed & (rel > -self.window)
-        bias = self.encoding.bias(q_pos, k_pos)  # (1, H, q, k) or None
+        with torch.set_grad_enabled(torch.is_grad_enabled() and self.distance_bias is None):  # else: a constant
+            bias = None if self.folded else self.encoding.bias(q_pos, k_pos)  # (1, H, q, k) or None
         if bias is None:
             mask = torch.zeros(1, 1, *allowed.shape, device=self.pos.device)
         else:
@@ -84,6 +119,30 @@ class AttentionPlan:
         if len(self.chunks) == 1:
             self._cached = mask
         return mask.to(dtype)
+
+    def fold_bias(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
+        """Append the encoding's bias factors to chunk i's q (B, H, q, D) and k (B, H, k, D), so that
+        scale * q' . k' = scale * q . k + bias + a per-query constant; v gets zero channels to match (SDPA's
+        fused kernels need one head dimension). Each key factor is split into a high part in q's dtype and
+        rounding rests (2 parts in float32, 3 in bf16), so the bias keeps at least float32 precision; channels
+        are padded to a multiple of 8 for the GPU kernels."""
+        if i not in self._factors:  # float64 factors, shared by all layers of this forward
+            qs, qe, ks = self.chunks[i]
+            self._factors[i] = self.encoding.bias_factors(self.pos[qs:qe], self.pos[ks:qe])
+        qf, kf = self._factors[i]  # (H, q, E), (H, k, E)
+        parts, rest = [], kf / scale
+        for _ in range(2 if k.element_size() >= 4 else 3):  # float32: 2 parts; bf16/fp16: 3
+            parts.append(rest.to(k.dtype))
+            rest = rest - parts[-1].double()
+        qx = torch.cat([qf] * len(parts), -1).to(q.dtype)  # (H, q, parts * E)
+        kx = torch.cat(parts, -1)  # (H, k, parts * E)
+        D, E2 = q.shape[-1], qx.shape[-1]
+        pad = -(D + E2) % 8
+        B = q.shape[0]
+        q = torch.cat((q, F.pad(qx, (0, pad)).expand(B, -1, -1, -1)), -1)
+        k = torch.cat((k, F.pad(kx, (0, pad)).expand(B, -1, -1, -1)), -1)
+        v = F.pad(v, (0, E2 + pad))
+        return q, k, v
 
 
 class CausalSelfAttention(nn.Module):
@@ -95,18 +154,24 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, encoding: encodings.Encoding, plan: AttentionPlan) -> torch.Tensor:
         B, T, C = x.shape
+        D = C // self.n_heads
+        scale = 1.0 / math.sqrt(D)
         q, k, v = self.qkv(x).split(C, dim=2)
         # (B, T, C) -> (B, H, T, D)
-        q, k, v = (t.view(B, T, self.n_heads, C // self.n_heads).transpose(1, 2) for t in (q, k, v))
+        q, k, v = (t.view(B, T, self.n_heads, D).transpose(1, 2) for t in (q, k, v))
         q, k = encoding.rotate(q, k, plan.pos)
-        if plan.fused:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            outs = []
-            for i, (qs, qe, ks) in enumerate(plan.chunks):
-                mask = plan.mask(i, q.dtype)  # (1, H or 1, qe - qs, qe - ks)
-                outs.append(F.scaled_dot_product_attention(q[:, :, qs:qe], k[:, :, ks:qe], v[:, :, ks:qe], attn_mask=mask))
-            y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+        outs = []
+        for i, (qs, qe, ks) in enumerate(plan.chunks):
+            qc, kc, vc = q[:, :, qs:qe], k[:, :, ks:qe], v[:, :, ks:qe]
+            if plan.folded:
+                qc, kc, vc = plan.fold_bias(i, qc, kc, vc, scale)  # (B, H, *, D + extra channels)
+            mask = plan.mask(i, q.dtype)  # None (causal chunk) or (1, H or 1, qe - qs, qe - ks)
+            if plan.distance_bias is not None:
+                y = distance_bias.distance_bias_attention(qc, kc, vc, plan.distance_bias, mask, scale, qs, ks)
+            else:
+                y = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, is_causal=mask is None, scale=scale)
+            outs.append(y[..., :D])
+        y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
         return self.proj(y)
 

@@ -28,6 +28,7 @@ class Encoding(nn.Module):
     - ``embed(x, pos)``: x (B, T, C) token embeddings, pos (T,) positions -> (B, T, C).
     - ``rotate(q, k, pos)``: q, k (B, H, T, D) -> rotated q, k.
     - ``bias(q_pos, k_pos)``: additive attention logits (1, H, Tq, Tk), or None.
+    - optionally ``bias_factors(q_pos, k_pos)``: the same bias as a low-rank product (see there).
 
     Positions count from 0 at the first token of every window.
     """
@@ -39,8 +40,15 @@ class Encoding(nn.Module):
     # A fine-tuned variant (e.g. rope-linear-ft): the runner first continues training the trained_as checkpoint
     # at the fine-tune length (config finetune), calling set_train_length(that length) before it and before eval.
     finetuned: ClassVar[bool] = False
-    # True when bias() returns a tensor; the model then takes the masked SDPA path instead of the fused causal one.
+    # True when bias() returns a tensor; the model then takes the masked SDPA path instead of the fused causal one,
+    # unless the encoding also implements bias_factors (then has_low_rank_bias is True).
     has_bias: ClassVar[bool] = False
+    # True when bias_factors() returns factors: the model folds the bias into extra q/k channels and keeps
+    # SDPA's fused kernels and no (Tq, Tk) bias tensor is ever built.
+    has_low_rank_bias: ClassVar[bool] = False
+    # True when distance_bias() returns r (H, W + 1) with bias(i, j) = r[h, min(i - j, W)]: training then keeps
+    # SDPA's flash kernel and computes r's gradient on a band of W diagonals (posenc_bench/distance_bias.py).
+    has_distance_bias: ClassVar[bool] = False
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int) -> None:
         super().__init__()
@@ -62,6 +70,16 @@ class Encoding(nn.Module):
         return q, k
 
     def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> Optional[torch.Tensor]:
+        return None
+
+    def bias_factors(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """Optional: float64 factors qf (H, Tq, E), kf (H, Tk, E) with qf @ kf^T = bias(q_pos, k_pos)[0] + c,
+        where c may vary per query row (softmax ignores it). Keep the product small near the diagonal (e.g.
+        centre positions on the query chunk): the model adds it to float logits."""
+        return None
+
+    def distance_bias(self) -> Optional[torch.Tensor]:
+        """Optional: r (H, W + 1) such that bias(q_pos, k_pos) = r[h, min(i - j, W)] for every visible key."""
         return None
 
 

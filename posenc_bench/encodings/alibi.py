@@ -2,7 +2,8 @@
 
 Press, Smith & Lewis, "Train Short, Test Long: Attention with Linear Biases Enables Input Length
 Extrapolation", ICLR 2022 (arXiv:2108.12409). Each head h adds -m_h * (i - j) to the logit of query i and
-key j. Slopes form a geometric sequence starting at 2^(-8/n) with that same ratio; for a head count n that
+key j. The model never builds that (Tq, Tk) tensor: ``bias_factors`` gives it as one extra q/k channel (up to
+a per-query constant), which keeps attention on SDPA's fused kernels. Slopes form a geometric sequence starting at 2^(-8/n) with that same ratio; for a head count n that
 is not a power of two, take the slopes of the closest smaller power of two p, then every other slope of 2p
 (the paper's reference code, sec. 3).
 """
@@ -36,6 +37,7 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 class ALiBi(Encoding):
     summary = "fixed per-head linear distance penalty on attention logits; Press et al. 2022"
     has_bias = True
+    has_low_rank_bias = True
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int) -> None:
         super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len)
@@ -44,3 +46,14 @@ class ALiBi(Encoding):
     def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         relative = (k_pos[None, :] - q_pos[:, None]).to(torch.float32)  # (Tq, Tk), <= 0 for visible keys
         return (self.slopes.to(relative.device)[:, None, None] * relative).unsqueeze(0)  # (1, H, Tq, Tk)
+
+    def bias_factors(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Within a query row -m * (i - j) is linear in the key position j: it equals m * (j - c) up to the
+        per-row constant m * (c - i), which softmax ignores. So the bias is the product of a ones column for
+        the queries and m * (j - c) for the keys; c, the middle of the query chunk, keeps the values near the
+        diagonal small, so float32 logits lose no precision."""
+        c = (int(q_pos[0]) + int(q_pos[-1])) // 2
+        slopes = self.slopes.to(device=k_pos.device, dtype=torch.float64)
+        qf = torch.ones(self.n_heads, q_pos.shape[0], 1, dtype=torch.float64, device=q_pos.device)  # (H, Tq, 1)
+        kf = slopes[:, None, None] * (k_pos.to(torch.float64) - c)[None, :, None]  # (H, Tk, 1)
+        return qf, kf

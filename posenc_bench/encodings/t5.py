@@ -30,10 +30,15 @@ def relative_position_bucket(relative_position: torch.Tensor, num_buckets: int =
     return torch.where(is_small, distance, large)
 
 
+def _consecutive(pos: torch.Tensor) -> bool:
+    return torch.equal(pos, torch.arange(int(pos[0]), int(pos[0]) + pos.shape[0], device=pos.device, dtype=pos.dtype))
+
+
 @register("t5")
 class T5Bias(Encoding):
     summary = "learned per-head bias on log-spaced relative-distance buckets; Raffel et al. 2020"
     has_bias = True
+    has_distance_bias = True
 
     def __init__(
         self, *, d_model: int, n_heads: int, train_len: int, num_buckets: int = 32, max_distance: int = 128
@@ -50,7 +55,23 @@ class T5Bias(Encoding):
         nn.init.normal_(self.relative_attention_bias.weight, std=d_model**-0.5)  # T5's own init
 
     def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        relative = k_pos[None, :] - q_pos[:, None]  # (Tq, Tk)
-        buckets = relative_position_bucket(relative, self.num_buckets, self.max_distance)
-        values = self.relative_attention_bias(buckets)  # (Tq, Tk, H)
-        return values.permute(2, 0, 1).unsqueeze(0)  # (1, H, Tq, Tk)
+        # buckets depend only on the distance, and all distances >= max_distance share the last one: look the
+        # (H, max_distance + 1) values up by clamped distance instead of bucketing Tq x Tk entries
+        r = self.distance_bias()  # (H, max_distance + 1)
+        Tq, Tk = q_pos.shape[0], k_pos.shape[0]
+        if Tq and Tk and _consecutive(q_pos) and _consecutive(k_pos):
+            # bias[h, a, b] depends on a - b only: one line of Tq + Tk - 1 values, read as a Toeplitz view
+            # (line[h, a + c] with c = Tk - 1 - b), then one copy that flips c back to b
+            d = int(q_pos[0]) - int(k_pos[0]) + torch.arange(-(Tk - 1), Tq, device=q_pos.device)
+            line = r[:, d.clamp(0, self.max_distance)]  # (H, Tq + Tk - 1)
+            toeplitz = line.as_strided((r.shape[0], Tq, Tk), (line.stride(0), 1, 1))
+            return toeplitz.flip(-1).unsqueeze(0)  # (1, H, Tq, Tk)
+        distance = (q_pos[:, None] - k_pos[None, :]).clamp(0, self.max_distance)  # (Tq, Tk); future keys -> 0
+        return r[:, distance].unsqueeze(0)  # (1, H, Tq, Tk)
+
+    def distance_bias(self) -> torch.Tensor:
+        """r (H, max_distance + 1): the bias at distances 0 .. max_distance; every larger distance shares the
+        last bucket, so bias(i, j) = r[h, min(i - j, max_distance)]."""
+        distance = torch.arange(self.max_distance + 1, device=self.relative_attention_bias.weight.device)
+        buckets = relative_position_bucket(-distance, self.num_buckets, self.max_distance)
+        return self.relative_attention_bias(buckets).t()  # (H, max_distance + 1)

@@ -83,3 +83,54 @@ def test_cos_sin_angles():
 def test_odd_head_dim_is_refused():
     with pytest.raises(ValueError, match="even head dimension"):
         RoPE(d_model=36, n_heads=4, train_len=8)
+
+
+def float64_cos_sin(pos, inv_freq, scale=1.0):
+    angles = pos.double()[:, None] * inv_freq.double()[None, :]
+    angles = torch.cat((angles, angles), -1)
+    return angles.cos() * scale, angles.sin() * scale
+
+
+@pytest.mark.parametrize("start", [0, 5])
+def test_cos_sin_cache_is_exact_to_float32_rounding_at_long_lengths(start):
+    inv, _ = default_inv_freq(128)
+    pos = torch.arange(start, start + 8192)
+    cos, sin = rope_cos_sin(pos, inv, 1.0)
+    ref_cos, ref_sin = float64_cos_sin(pos, inv)
+    assert cos.shape == sin.shape == (8192, 128) and cos.dtype == torch.float32
+    assert (cos.double() - ref_cos).abs().max() < 3e-7 and (sin.double() - ref_sin).abs().max() < 3e-7
+    # transformers' float32 angles are off by ~2e-4 at these positions; ours are not
+    angles32 = pos.float()[:, None] * inv[None, :]
+    assert (angles32.cos().double() - ref_cos[:, :64]).abs().max() > 1e-4
+
+
+def test_cos_sin_of_any_positions_and_attention_scale():
+    inv, _ = default_inv_freq(16)
+    pos = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])  # not consecutive: the direct path
+    cos, sin = rope_cos_sin(pos, inv, 0.75)
+    ref_cos, ref_sin = float64_cos_sin(pos, inv, 0.75)
+    assert (cos.double() - ref_cos).abs().max() < 1e-7 and (sin.double() - ref_sin).abs().max() < 1e-7
+    cos, sin = rope_cos_sin(torch.arange(100), inv, 0.75)  # the angle-addition path scales the same way
+    ref_cos, ref_sin = float64_cos_sin(torch.arange(100), inv, 0.75)
+    assert (cos.double() - ref_cos).abs().max() < 3e-7 and (sin.double() - ref_sin).abs().max() < 3e-7
+
+
+def test_fused_rotation_equals_the_textbook_formula_forward_and_backward():
+    from posenc_bench.encodings.rope import apply_rotary, rope_cos_sin_halves, rotate_half
+
+    inv, _ = default_inv_freq(16)
+    cos, sin = rope_cos_sin_halves(torch.arange(30), inv, 1.0)
+    full_cos, full_sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)
+    x = torch.randn(2, 3, 30, 16, requires_grad=True)
+    g = torch.randn(2, 3, 30, 16)
+    ours = apply_rotary(x, cos, sin)
+    (gx,) = torch.autograd.grad(ours, x, g)
+    ref = x * full_cos + rotate_half(x) * full_sin
+    (gref,) = torch.autograd.grad(ref, x, g)
+    assert torch.allclose(ours, ref, atol=1e-6) and torch.allclose(gx, gref, atol=1e-6)
+    xd = torch.randn(1, 2, 5, 16, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(apply_rotary, (xd, cos[:5].double(), sin[:5].double()))
+    # a strided view (what the model passes: q from the fused qkv projection) rotates the same
+    qkv = torch.randn(2, 30, 3, 3, 16)
+    q = qkv[:, :, 0].transpose(1, 2)  # (2, 3, 30, 16), not contiguous
+    assert torch.allclose(apply_rotary(q, cos, sin), apply_rotary(q.contiguous(), cos, sin))
