@@ -290,6 +290,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     out = run_eval(opts)
     print()
     print((out / "table.md").read_text().rstrip())
+    return 0
+
+
 def cmd_time(args: argparse.Namespace) -> int:
     from posenc_bench.timing import TimingConfig, run_timing, write_outputs
 
