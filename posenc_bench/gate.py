@@ -134,12 +134,16 @@ def incomparable(baseline_run: dict, current_run: dict) -> list[str]:
         out["tokenizer"] = run.get("tokenizer", "bytes")
         return {k: v for k, v in out.items() if not any(k == i or k.startswith(i + ".") for i in IGNORED)}
 
+    from posenc_bench.config import RunConfig
+
+    # a setting added to the config after a baseline was made is absent there: its default is what it ran with
+    defaults = _leaves(RunConfig().to_dict(), "config")
     b, c = facts(baseline_run), facts(current_run)
     diffs = []
     for key in list(b) + [k for k in c if k not in b]:
-        if b.get(key, "(absent)") != c.get(key, "(absent)"):
-            name = key.removeprefix("config.")
-            diffs.append(f"{name}: baseline {b.get(key, '(absent)')!r}, current {c.get(key, '(absent)')!r}")
+        bv, cv = b.get(key, defaults.get(key, "(absent)")), c.get(key, defaults.get(key, "(absent)"))
+        if bv != cv:
+            diffs.append(f"{key.removeprefix('config.')}: baseline {bv!r}, current {cv!r}")
     return diffs
 
 

@@ -133,6 +133,15 @@ def test_incomparable_baseline_is_refused_with_the_field_named(tmp_path, capsys,
     assert err.count("\n") == 1
 
 
+def test_a_setting_added_after_the_baseline_compares_as_its_default(tmp_path):
+    base = results(BASE)
+    del base["run"]["config"]["eval"]["protocol"], base["run"]["config"]["eval"]["stride"]
+    assert run_gate(tmp_path, base, results(BASE)) == 0
+    strided = results(BASE)
+    strided["run"]["config"]["eval"].update(protocol="strided", stride=16)
+    assert run_gate(tmp_path, base, strided) == 2  # ... but a non-default value is a real difference
+
+
 def test_missing_or_corrupt_baseline_and_bad_usage_exit_2(tmp_path, capsys):
     c = write(tmp_path / "current.json", results(BASE))
     assert main(["gate", "--current", c, "--baseline", str(tmp_path / "none.json")]) == 2
