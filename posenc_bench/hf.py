@@ -588,9 +588,9 @@ def eval_checkpoint(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], Non
     from posenc_bench.config import RunConfig, _from_dict, eval_key, row_name, validate
     from posenc_bench.data import eval_segments, load_corpus, tokens_fingerprint
     from posenc_bench.errors import PositionOutOfRange
-    from posenc_bench.evaluate import evaluate_length, segment_length
+    from posenc_bench.evaluate import segment_length
     from posenc_bench.model import DecoderLM
-    from posenc_bench.runner import device_description, git_commit, resolve_device, versions
+    from posenc_bench.runner import device_description, evaluate_model, git_commit, resolve_device, versions
 
     path = Path(spec.ref)
     try:
@@ -653,6 +653,8 @@ def eval_checkpoint(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], Non
             model = DecoderLM(cfg.model, name, cfg.train.train_len, window=window, seed=seed,
                               max_mask_bytes=cfg.max_mask_bytes)
             load_model(model, str(path / "model.safetensors"))
+            if meta.get("finetune"):  # a -ft row's checkpoint: its scaling is fixed at the fine-tune length
+                model.encoding.set_train_length(meta["finetune"]["len"])
             model = model.to(device).eval()
         for L in lengths:
             rec = {
@@ -670,11 +672,8 @@ def eval_checkpoint(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], Non
                 records.append(rec)
                 continue
             try:
-                model.encoding.set_eval_length(L)
-                with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
-                    res = evaluate_length(model, segments, L, batch_tokens=cfg.eval.batch_tokens,
-                                          buckets=cfg.eval.position_buckets, bucket_span=max(lengths),
-                                          device=device, show_progress=opts.show_progress)
+                res = evaluate_model(model, segments, L, cfg, bucket_span=max(lengths), device=device,
+                                     autocast=autocast, show_progress=opts.show_progress)
             except PositionOutOfRange as e:
                 rec.update(status="n/a", reason=str(e))
                 records.append(rec)

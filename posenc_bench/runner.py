@@ -107,6 +107,18 @@ def save_checkpoint(path: Path, model: Optional[torch.nn.Module], meta: dict) ->
     atomic_write_text(path / "config.json", json.dumps(meta, indent=1) + "\n")
 
 
+def evaluate_model(model: DecoderLM, segments: torch.Tensor, length: int, cfg: RunConfig, *, bucket_span: int,
+                   device: torch.device, autocast: Optional[torch.dtype], show_progress: Optional[bool]) -> dict:
+    """One eval length of a run's protocol for one of our models (``cfg.eval``: batch, buckets, protocol);
+    raises PositionOutOfRange where the encoding cannot run at this length."""
+    model.encoding.set_eval_length(length)
+    model.eval()
+    with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
+        return evaluate_length(model, segments, length, batch_tokens=cfg.eval.batch_tokens,
+                               buckets=cfg.eval.position_buckets, bucket_span=bucket_span, device=device,
+                               show_progress=show_progress, stride=cfg.eval.stride or None)
+
+
 class Sweep:
     """One `posenc-bench run`: data and metadata prepared once, then cells trained and evaluated in order."""
 
@@ -194,6 +206,22 @@ class Sweep:
         key = cell_key(self.cfg, cls.trained_as or name, window, seed, self.corpus.fingerprint)
         return finetune_key(key, self.cfg, name) if cls.finetuned else key
 
+    def _reuse(self, ckpt: Path, key: str, model: DecoderLM, label: str, what: str
+               ) -> Optional[tuple[Optional[DecoderLM], dict]]:
+        """(model with the checkpoint's weights, or None for a diverged run; meta) if ``ckpt`` holds a
+        finished run with this key, else None."""
+        found = load_checkpoint(ckpt, key)
+        if found is None:
+            return None
+        meta, weights = found
+        self.log(f"  {label}: reusing {what} {ckpt}")
+        if weights is None:
+            return None, meta
+        from safetensors.torch import load_model
+
+        load_model(model, str(weights))  # strict: every tensor must fit
+        return model.to(self.device), meta
+
     def finetuned_model(self, name: str, window: Optional[int], seed: int) -> tuple[Optional[DecoderLM], dict]:
         """A -ft row's model: its trained_as checkpoint trained further at the fine-tune length with the row's
         scaling fixed there (on this process alone, also under torchrun), cached in its own checkpoint."""
@@ -204,17 +232,11 @@ class Sweep:
         ckpt = _checkpoint_dir(self.out, name, window, seed)
         model = DecoderLM(cfg.model, name, cfg.train.train_len, window=window, seed=seed,
                           max_mask_bytes=cfg.max_mask_bytes)
-        found = load_checkpoint(ckpt, key)
-        if found is not None:
-            meta, weights = found
-            self.log(f"  {row_name(name, window)} seed {seed}: reusing fine-tuned checkpoint {ckpt}")
-            if weights is None:
-                return None, meta
-            from safetensors.torch import load_model
-
-            load_model(model, str(weights))
-            model.encoding.set_train_length(plan.len)
-            return model.to(self.device), meta
+        reused = self._reuse(ckpt, key, model, f"{row_name(name, window)} seed {seed}", "fine-tuned checkpoint")
+        if reused is not None:
+            if reused[0] is not None:
+                reused[0].encoding.set_train_length(plan.len)
+            return reused
         base, base_meta = self.trained_model(cls.trained_as, window, seed)
         if base is None:
             return None, base_meta
@@ -254,16 +276,9 @@ class Sweep:
         ckpt = _checkpoint_dir(self.out, trained_as, window, seed)
         model = DecoderLM(cfg.model, name, cfg.train.train_len, window=window, seed=seed,
                           max_mask_bytes=cfg.max_mask_bytes)
-        found = load_checkpoint(ckpt, key)
-        if found is not None:
-            meta, weights = found
-            self.log(f"  {row_name(trained_as, window)} seed {seed}: reusing checkpoint {ckpt}")
-            if weights is None:
-                return None, meta
-            from safetensors.torch import load_model
-
-            load_model(model, str(weights))  # strict: every tensor must fit
-            return model.to(self.device), meta
+        reused = self._reuse(ckpt, key, model, f"{row_name(trained_as, window)} seed {seed}", "checkpoint")
+        if reused is not None:
+            return reused
         if trained_as != name:  # eval-only variant: train the encoding it is evaluated on top of
             base, meta = self.trained_model(trained_as, window, seed)
             if base is not None:
@@ -325,13 +340,8 @@ class Sweep:
                 records.append(rec)
                 continue
             try:
-                model.encoding.set_eval_length(L)
-                model.eval()
-                with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
-                    res = evaluate_length(model, self.segments, L, batch_tokens=cfg.eval.batch_tokens,
-                                          buckets=cfg.eval.position_buckets, bucket_span=max(self.lengths),
-                                          device=self.device, show_progress=self.show_progress,
-                                          stride=cfg.eval.stride or None)
+                res = evaluate_model(model, self.segments, L, cfg, bucket_span=max(self.lengths), device=self.device,
+                                     autocast=self.autocast, show_progress=self.show_progress)
             except PositionOutOfRange as e:
                 rec.update(status="n/a", reason=str(e))
                 records.append(rec)

@@ -78,3 +78,13 @@ def test_passkey_runs_a_fine_tuned_checkpoint_at_its_tuned_scaling(tmp_path):
     assert lm.model.encoding.tuned_len == 512 and lm.model.encoding.scale_for(256) == 2.0
     with pytest.raises(ConfigError, match="is fine-tuned: give its own checkpoint"):
         CheckpointLM(out / "checkpoints" / "rope-seed0", encoding="rope-linear-ft")
+
+
+def test_eval_of_a_fine_tuned_checkpoint_gives_the_numbers_run_wrote(tmp_path):
+    out = tmp_path / "out"
+    assert main(["run", *MICRO, "--encodings", "rope-linear-ft", "--out", str(out)]) == 0
+    ran = {r["eval_len"]: r["ppl"] for r in json.loads((out / "results.json").read_text())["records"]}
+    assert main(["eval", "--model", str(out / "checkpoints" / "rope-linear-ft-seed0"), "--out", str(tmp_path / "e"),
+                 "--progress", "off"]) == 0
+    got = {r["eval_len"]: r["ppl"] for r in json.loads((tmp_path / "e" / "results.json").read_text())["records"]}
+    assert got == ran  # the fixed s = 64 / 16 at every length, as in run
