@@ -58,6 +58,7 @@ class _ScaledRoPE(RoPE):
     """RoPE whose frequencies are recomputed for each eval length (or fixed by fine-tuning)."""
 
     trained_as: ClassVar[Optional[str]] = "rope"
+    length_dependent: ClassVar[bool] = False  # frequencies depend on the window length itself (dynamic)
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int, theta: float = 10000.0,
                  factor: float = 0.0) -> None:
@@ -84,8 +85,6 @@ class _ScaledRoPE(RoPE):
             self._set_frequencies(*default_inv_freq(self.head_dim, self.theta))
         else:
             self._set_frequencies(*self.frequencies(s, length))
-
-    length_dependent: ClassVar[bool] = False  # frequencies depend on the window length itself (dynamic)
 
     def frequencies(self, factor: float, length: int) -> tuple[torch.Tensor, float]:
         raise NotImplementedError
