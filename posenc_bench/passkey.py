@@ -202,7 +202,12 @@ class HFPasskeyLM:
         return self.hf.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def prefix(self) -> list[int]:
-        return self.hf.tokenizer("", add_special_tokens=True)["input_ids"]  # BOS where the tokenizer adds one
+        """The special tokens the tokenizer puts before a text (BOS where it adds one), none of those after it."""
+        tok = self.hf.tokenizer
+        plain = tok("a", add_special_tokens=False)["input_ids"]
+        full = tok("a", add_special_tokens=True)["input_ids"]
+        starts = [i for i in range(len(full) - len(plain) + 1) if full[i : i + len(plain)] == plain]
+        return full[: starts[0]] if starts else []
 
     def set_length(self, length: int) -> None:
         from posenc_bench.hf import scaled_max_positions, scaling_parameters
