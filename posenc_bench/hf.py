@@ -587,10 +587,9 @@ def eval_checkpoint(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], Non
     from posenc_bench import encodings
     from posenc_bench.config import RunConfig, _from_dict, eval_key, row_name, validate
     from posenc_bench.data import eval_segments, load_corpus, tokens_fingerprint
-    from posenc_bench.errors import PositionOutOfRange
     from posenc_bench.evaluate import segment_length
     from posenc_bench.model import DecoderLM
-    from posenc_bench.runner import device_description, evaluate_model, git_commit, resolve_device, versions
+    from posenc_bench.runner import device_description, evaluate_into, git_commit, resolve_device, versions
 
     path = Path(spec.ref)
     try:
@@ -671,15 +670,8 @@ def eval_checkpoint(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], Non
                 rec["status"] = "n/a"
                 records.append(rec)
                 continue
-            try:
-                res = evaluate_model(model, segments, L, cfg, bucket_span=max(lengths), device=device,
-                                     autocast=autocast, show_progress=opts.show_progress)
-            except PositionOutOfRange as e:
-                rec.update(status="n/a", reason=str(e))
-                records.append(rec)
-                continue
-            rec.update({k: res[k] for k in ("ppl", "bpb", "loss", "tokens", "bytes", "loss_by_position", "eval_time_s")})
-            records.append(rec)
+            records.append(evaluate_into(rec, model, segments, L, cfg, bucket_span=max(lengths), device=device,
+                                         autocast=autocast, show_progress=opts.show_progress))
         log(_summary(r, records))
         store.put_cell(r, seed, records)
     _finish(store, out)

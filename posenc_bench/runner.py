@@ -119,6 +119,17 @@ def evaluate_model(model: DecoderLM, segments: torch.Tensor, length: int, cfg: R
                                show_progress=show_progress, stride=cfg.eval.stride or None)
 
 
+def evaluate_into(rec: dict, model: DecoderLM, segments: torch.Tensor, length: int, cfg: RunConfig, **kw) -> dict:
+    """``rec`` with the numbers of ``evaluate_model`` at this length, or marked n/a with the reason."""
+    try:
+        res = evaluate_model(model, segments, length, cfg, **kw)
+    except PositionOutOfRange as e:
+        rec.update(status="n/a", reason=str(e))
+        return rec
+    rec.update({k: res[k] for k in ("ppl", "bpb", "loss", "tokens", "bytes", "loss_by_position", "eval_time_s")})
+    return rec
+
+
 class Sweep:
     """One `posenc-bench run`: data and metadata prepared once, then cells trained and evaluated in order."""
 
@@ -339,15 +350,9 @@ class Sweep:
                 rec.update(status="diverged", reason=outcome["reason"], last_finite_loss=outcome["last_finite_loss"])
                 records.append(rec)
                 continue
-            try:
-                res = evaluate_model(model, self.segments, L, cfg, bucket_span=max(self.lengths), device=self.device,
-                                     autocast=self.autocast, show_progress=self.show_progress)
-            except PositionOutOfRange as e:
-                rec.update(status="n/a", reason=str(e))
-                records.append(rec)
-                continue
-            rec.update({k: res[k] for k in ("ppl", "bpb", "loss", "tokens", "bytes", "loss_by_position", "eval_time_s")})
-            records.append(rec)
+            records.append(evaluate_into(rec, model, self.segments, L, cfg, bucket_span=max(self.lengths),
+                                         device=self.device, autocast=self.autocast,
+                                         show_progress=self.show_progress))
         shown = ", ".join(
             f"{r['eval_len']}: {r['ppl']:.3f}" if r["status"] == "ok" else f"{r['eval_len']}: {r['status']}" for r in records
         )
