@@ -56,8 +56,9 @@ class AttentionPlan:
       ``distance_bias.distance_bias_attention`` (flash kernel + band gradient) in chunks of ``BIAS_ROWS`` queries,
       from ``BAND_MIN`` x its band width on (shorter sequences are cheaper on SDPA's math path).
 
-    Chunk i covers queries [qs, qe) and keys [ks, qe). Masks of a single chunk are built once per forward;
-    with several chunks each layer rebuilds them, so at most one chunk's mask is alive at a time.
+    Chunk i covers queries [qs, qe) and keys [ks, qe). When all chunks' masks together fit in
+    ``max_mask_bytes`` they are built once per forward and shared by the layers; otherwise each layer rebuilds
+    them, so at most one chunk's mask is alive at a time.
     """
 
     FOLD_ROWS = 256
@@ -95,14 +96,17 @@ class AttentionPlan:
                 self.chunks.append((qs, qe, ks))
         # chunks that need no mask: SDPA's own causal mask is exact for a square chunk from position 0
         self.causal = [not explicit_bias and window is None and qs == 0 for qs, _, _ in self.chunks]
-        self._cached: Optional[torch.Tensor] = None
+        mask_heads = encoding.n_heads if explicit_bias else 1
+        mask_bytes = sum(4 * mask_heads * (qe - qs) * (qe - ks) for (qs, qe, ks), c in zip(self.chunks, self.causal) if not c)
+        self._keep_masks = mask_bytes <= max_mask_bytes
+        self._masks: dict[int, torch.Tensor] = {}
         self._factors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def mask(self, i: int, dtype: torch.dtype) -> Optional[torch.Tensor]:
         if self.causal[i]:
             return None
-        if len(self.chunks) == 1 and self._cached is not None:
-            return self._cached.to(dtype)
+        if i in self._masks:
+            return self._masks[i].to(dtype)
         qs, qe, ks = self.chunks[i]
         q_pos, k_pos = self.pos[qs:qe], self.pos[ks:qe]
         rel = k_pos[None, :] - q_pos[:, None]  # (q, k): key minus query position
@@ -116,33 +120,43 @@ class AttentionPlan:
         else:
             mask = bias.float()
         mask = mask.masked_fill(~allowed, float("-inf"))  # (1, H or 1, q, k)
-        if len(self.chunks) == 1:
-            self._cached = mask
+        if self._keep_masks:
+            self._masks[i] = mask
         return mask.to(dtype)
 
-    def fold_bias(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
-        """Append the encoding's bias factors to chunk i's q (B, H, q, D) and k (B, H, k, D), so that
-        scale * q' . k' = scale * q . k + bias + a per-query constant; v gets zero channels to match (SDPA's
-        fused kernels need one head dimension). Each key factor is split into a high part in q's dtype and
-        rounding rests (2 parts in float32, 3 in bf16), so the bias keeps at least float32 precision; channels
-        are padded to a multiple of 8 for the GPU kernels."""
+    def _bias_factors(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         if i not in self._factors:  # float64 factors, shared by all layers of this forward
             qs, qe, ks = self.chunks[i]
             self._factors[i] = self.encoding.bias_factors(self.pos[qs:qe], self.pos[ks:qe])
-        qf, kf = self._factors[i]  # (H, q, E), (H, k, E)
+        return self._factors[i]  # (H, q, E), (H, k, E)
+
+    @staticmethod
+    def _fold_parts(dtype: torch.dtype) -> int:
+        return 2 if dtype.itemsize >= 4 else 3  # float32: 2 parts; bf16/fp16: 3
+
+    def fold_channels(self, head_dim: int, dtype: torch.dtype) -> int:
+        """How many channels ``fold_bias`` appends to q and k (and the model to v) for this head dimension."""
+        E2 = self._bias_factors(0)[0].shape[-1] * self._fold_parts(dtype)
+        return E2 + (-(head_dim + E2) % 8)
+
+    def fold_bias(self, i: int, q: torch.Tensor, k: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the encoding's bias factors to chunk i's q (B, H, q, D) and k (B, H, k, D), so that
+        scale * q' . k' = scale * q . k + bias + a per-query constant; v needs ``fold_channels`` zero channels
+        to match (SDPA's fused kernels need one head dimension). Each key factor is split into a high part in
+        q's dtype and rounding rests (2 parts in float32, 3 in bf16), so the bias keeps at least float32
+        precision; channels are padded to a multiple of 8 for the GPU kernels."""
+        qf, kf = self._bias_factors(i)  # (H, q, E), (H, k, E)
         parts, rest = [], kf / scale
-        for _ in range(2 if k.element_size() >= 4 else 3):  # float32: 2 parts; bf16/fp16: 3
+        for _ in range(self._fold_parts(k.dtype)):
             parts.append(rest.to(k.dtype))
             rest = rest - parts[-1].double()
         qx = torch.cat([qf] * len(parts), -1).to(q.dtype)  # (H, q, parts * E)
         kx = torch.cat(parts, -1)  # (H, k, parts * E)
-        D, E2 = q.shape[-1], qx.shape[-1]
-        pad = -(D + E2) % 8
+        pad = self.fold_channels(q.shape[-1], q.dtype) - qx.shape[-1]
         B = q.shape[0]
         q = torch.cat((q, F.pad(qx, (0, pad)).expand(B, -1, -1, -1)), -1)
         k = torch.cat((k, F.pad(kx, (0, pad)).expand(B, -1, -1, -1)), -1)
-        v = F.pad(v, (0, E2 + pad))
-        return q, k, v
+        return q, k
 
 
 class CausalSelfAttention(nn.Module):
@@ -160,11 +174,13 @@ class CausalSelfAttention(nn.Module):
         # (B, T, C) -> (B, H, T, D)
         q, k, v = (t.view(B, T, self.n_heads, D).transpose(1, 2) for t in (q, k, v))
         q, k = encoding.rotate(q, k, plan.pos)
+        if plan.folded:  # zero channels to match the bias channels folded into q and k, once for all chunks
+            v = F.pad(v, (0, plan.fold_channels(D, v.dtype)))  # (B, H, T, D + extra)
         outs = []
         for i, (qs, qe, ks) in enumerate(plan.chunks):
             qc, kc, vc = q[:, :, qs:qe], k[:, :, ks:qe], v[:, :, ks:qe]
             if plan.folded:
-                qc, kc, vc = plan.fold_bias(i, qc, kc, vc, scale)  # (B, H, *, D + extra channels)
+                qc, kc = plan.fold_bias(i, qc, kc, scale)  # (B, H, *, D + extra channels)
             mask = plan.mask(i, q.dtype)  # None (causal chunk) or (1, H or 1, qe - qs, qe - ks)
             if plan.distance_bias is not None:
                 y = distance_bias.distance_bias_attention(qc, kc, vc, plan.distance_bias, mask, scale, qs, ks)

@@ -90,7 +90,7 @@ def llama_like(cfg: ModelConfig, train_len: int):
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.mlp_ratio * cfg.d_model * 2 // 3,
         num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_heads,
         max_position_embeddings=train_len, tie_word_embeddings=True, attention_bias=False, mlp_bias=False,
-        rope_parameters={"rope_type": "default", "rope_theta": theta},
+        rope_parameters={"rope_type": "default", "rope_theta": theta}, use_cache=False,  # training: no KV cache
     )
     lc._attn_implementation = "sdpa"
     return LlamaForCausalLM(lc)
@@ -98,9 +98,15 @@ def llama_like(cfg: ModelConfig, train_len: int):
 
 # ---- measuring -----------------------------------------------------------------------------------------
 
-def measure(fn: Callable[[], object], min_run_time: float) -> dict:
-    """Median and IQR in seconds (torch.utils.benchmark; CUDA synchronisation handled by the Timer)."""
-    m = benchmark.Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time)
+def measure(fn: Callable[[], object], min_run_time: float, warmup: int = 0) -> dict:
+    """Median and IQR in seconds (torch.utils.benchmark; CUDA synchronisation handled by the Timer), run with
+    torch's current intra-op thread count (the Timer's own default is a single thread). ``warmup`` untimed
+    calls first: when variants that take a large fraction of a second alternate, the first call after a switch
+    pays for page faults and cold caches that one of only two or three timed runs must not carry."""
+    for _ in range(warmup):
+        fn()
+    m = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+    m = m.blocked_autorange(min_run_time=min_run_time)
     return {"median_s": m.median, "iqr_s": m.iqr, "runs": len(m.times)}
 
 
@@ -134,18 +140,18 @@ def cpu_model() -> str:
 
 def generation_rows(tc: TimingConfig, device: torch.device, length: int, log: Callable[[str], None]) -> list[dict]:
     from posenc_bench.encodings.absolute import sinusoidal_table
-    from posenc_bench.encodings.rope import default_inv_freq, linear_inv_freq, rope_cos_sin_halves
+    from posenc_bench.encodings.rope import default_inv_freq, rope_cos_sin_halves
 
     t = tc.min_run_time
     d, D = tc.d_model, tc.head_dim
     H = max(1, d // D)
     rows = []
 
-    def row(encoding, what, dims, fn, floor=None, reference=None, ref_name="", note=""):
+    def row(encoding, what, dims, fn, floor=None, reference=None, ref_name="", note="", **extra):
         timing = measure(fn, t)
         r = {"part": "generation", "encoding": encoding, "what": what, "length": length, "dims": dims,
              **timing, "floor_s": floor, "x_floor": timing["median_s"] / floor if floor else None,
-             "reference": ref_name, "reference_s": None, "x_textbook": None, "note": note}
+             "reference": ref_name, "reference_s": None, "x_textbook": None, "note": note, **extra}
         if reference is not None:
             ref = measure(reference, t)
             r["reference_s"] = ref["median_s"]
@@ -153,7 +159,8 @@ def generation_rows(tc: TimingConfig, device: torch.device, length: int, log: Ca
         rows.append(r)
         log(f"  gen {encoding:<12} {what:<34} L={length:<6} {timing['median_s'] * 1e3:8.3f} ms"
             + (f"  x{r['x_floor']:.2f} floor" if floor else "")
-            + (f"  {r['x_textbook']:.1f}x faster than {ref_name}" if reference is not None else ""))
+            + (f"  {r['x_textbook']:.1f}x faster than {ref_name}" if reference is not None else "")
+            + (f"  (frequencies once: {extra['setup_s'] * 1e3:.3f} ms)" if "setup_s" in extra else ""))
 
     def floor(n_values, n_trans):
         write, trans = floor_fns(n_values, n_trans, device)
@@ -173,8 +180,17 @@ def generation_rows(tc: TimingConfig, device: torch.device, length: int, log: Ca
     row("rope", "cos/sin cache (L, D/2) x 2", f"{length}x{D}", lambda: rope_cos_sin_halves(pos, inv, scale), f_rope,
         hf_rotary(D, length, device), "transformers LlamaRotaryEmbedding",
         note="transformers builds (L, D) x 2 with float32 angles")
-    inv_l, scale_l = linear_inv_freq(D, 10000.0, 4.0, max(1, length // 4))
-    row("rope-linear", "cos/sin cache, factor 4", f"{length}x{D}", lambda: rope_cos_sin_halves(pos, inv_l, scale_l), f_rope)
+    for name in scaled_rope_variants():
+        # each zero-shot scaling as the model meets an eval length 4x its train length: the one-time
+        # frequencies (set_eval_length, through transformers' ROPE_INIT_FUNCTIONS where it has them), then
+        # the cos/sin cache every forward builds from them
+        enc = encodings.build(name, d_model=D, n_heads=1, train_len=max(1, length // 4))
+        setup = measure(lambda enc=enc: enc.set_eval_length(length), t)["median_s"]
+        enc.set_eval_length(length)
+        inv_s, scale_s = enc.inv_freq, enc.attention_scale
+        row(name, "cos/sin cache at 4x train length", f"{length}x{D}", lambda inv_s=inv_s, scale_s=scale_s:
+            rope_cos_sin_halves(pos, inv_s, scale_s), f_rope, setup_s=setup,
+            note="setup_s: the frequencies, once per eval length")
     alibi = encodings.build("alibi", d_model=d, n_heads=H, train_len=length).to(device)
     f_alibi = floor(H * length * 2, 0)
     row("alibi", "folded bias factors (H, L) x 2", f"{H}x{length}", lambda: alibi.bias_factors(pos, pos), f_alibi)
@@ -194,8 +210,13 @@ def generation_rows(tc: TimingConfig, device: torch.device, length: int, log: Ca
     return rows
 
 
-def attention_rows(tc: TimingConfig, device: torch.device, dtype: torch.dtype, length: int, log) -> list[dict]:
-    """One attention layer's forward per encoding at ``length`` (batch 1), relative to the fused path."""
+def attention_rows(tc: TimingConfig, device: torch.device, dtype: torch.dtype, length: int, log,
+                   rounds: int = 3) -> list[dict]:
+    """One attention layer's forward per encoding at ``length`` (batch 1), relative to the fused path.
+
+    Like ``training_rows``, the variants are measured in turn ``rounds`` times and each round's ratio is
+    taken against that round's fused time: at long lengths one forward takes most of a second, so a single
+    blocked_autorange holds one or two runs and the machine's drift would otherwise land in the ratio."""
     d, D = tc.d_model, tc.head_dim
     H = max(1, d // D)
     cfg = ModelConfig(d_model=d, n_heads=H, n_layers=1)
@@ -203,26 +224,42 @@ def attention_rows(tc: TimingConfig, device: torch.device, dtype: torch.dtype, l
     layer = CausalSelfAttention(cfg).to(device, dtype)
     x = torch.randn(1, length, d, device=device, dtype=dtype)
     pos = torch.arange(length, device=device)
-    rows, base = [], None
-    variants = [(n, False) for n in trained_encodings()] + [("alibi", True)]
-    for name, explicit in variants:
+    forwards = {}
+    for name, explicit in [(n, False) for n in trained_encodings()] + [("alibi", True)]:
         enc = encodings.build(name, d_model=d, n_heads=H, train_len=length).to(device)
         if explicit:
             enc.has_low_rank_bias = False  # the straightforward (1, H, q, k) bias mask, for comparison
         h = enc.embed(x, pos)
 
-        def fwd():
+        def fwd(enc=enc, h=h):
             with torch.no_grad():
                 plan = AttentionPlan(enc, pos, None, 64 << 20)
                 return layer(h, enc, plan)
 
-        timing = measure(fwd, tc.min_run_time)
-        base = timing["median_s"] if name == "nope" else base
-        label = name + (" (explicit bias)" if explicit else "")
-        rows.append({"part": "attention forward", "encoding": label, "what": "one attention layer, batch 1",
-                     "length": length, "dims": f"{H}x{D}", **timing, "x_fused": timing["median_s"] / base})
-        log(f"  attn {label:<24} L={length:<6} {timing['median_s'] * 1e3:9.2f} ms  x{timing['median_s'] / base:.2f} fused")
+        forwards[name + (" (explicit bias)" if explicit else "")] = fwd
+    timings: dict[str, list[dict]] = {k: [] for k in forwards}
+    for _ in range(rounds):
+        for label, fwd in forwards.items():
+            timings[label].append(measure(fwd, tc.min_run_time, warmup=1))
+    rows = []
+    for label, ts in timings.items():
+        ratios = [t["median_s"] / f["median_s"] for t, f in zip(ts, timings["nope"])]
+        mid = sorted(range(rounds), key=lambda i: ts[i]["median_s"])[rounds // 2]  # the median round
+        rows.append({"part": "attention forward", "encoding": label, "what": f"one attention layer, batch 1, {rounds} rounds",
+                     "length": length, "dims": f"{H}x{D}", **ts[mid], "runs": sum(t["runs"] for t in ts),
+                     "x_fused": sorted(ratios)[rounds // 2], "x_fused_rounds": [round(r, 3) for r in ratios]})
+        log(f"  attn {label:<24} L={length:<6} {ts[mid]['median_s'] * 1e3:9.2f} ms  x{rows[-1]['x_fused']:.2f} fused "
+            f"(rounds {', '.join(f'{r:.2f}' for r in ratios)})")
     return rows
+
+
+def scaled_rope_variants() -> list[str]:
+    """The zero-shot RoPE scalings: RoPE subclasses evaluated on the trained rope model (the -ft rows use the
+    same frequency functions)."""
+    from posenc_bench.encodings.rope import RoPE
+
+    return [n for n in encodings.available() if issubclass(encodings.get_class(n), RoPE)
+            and encodings.get_class(n).trained_as == "rope" and not encodings.get_class(n).finetuned]
 
 
 def trained_encodings() -> list[str]:
@@ -259,7 +296,7 @@ def training_rows(tc: TimingConfig, device: torch.device, log, rounds: int = 3) 
                 _loss(model, batch).backward()
                 model.zero_grad(set_to_none=True)
 
-            times[label].append(measure(step, max(tc.min_run_time, 1.0))["median_s"])
+            times[label].append(measure(step, max(tc.min_run_time, 1.0), warmup=1)["median_s"])
     rows = []
     for label, ts in times.items():
         ratios = [t / f for t, f in zip(ts, times["nope"])]
@@ -272,10 +309,11 @@ def training_rows(tc: TimingConfig, device: torch.device, log, rounds: int = 3) 
     return rows
 
 
-def versus_llama(device: torch.device, log, *, train_len: int = 128, batch: int = 32, rounds: int = 7,
+def versus_llama(device: torch.device, log, *, train_len: int = 128, batch: int = 32, rounds: int = 9,
                  min_run_time: float = 0.5) -> dict:
     """Training step (forward, backward, AdamW) of our RoPE model vs transformers' LlamaForCausalLM of the
-    same size, at the default run's shape; alternated ``rounds`` times, the ratio of each pair reported."""
+    same size, at the default run's shape; alternated ``rounds`` times (each after one untimed step), the
+    ratio of each pair reported."""
     cfg = ModelConfig()
     ours = DecoderLM(cfg, "rope", train_len, seed=0).to(device)
     llama = llama_like(cfg, train_len).to(device)
@@ -293,10 +331,12 @@ def versus_llama(device: torch.device, log, *, train_len: int = 128, batch: int 
         return step
 
     steps = {"ours": stepper(ours), "llama": stepper(llama)}
+    for step in steps.values():  # AdamW's state and first-call allocations stay out of the rounds
+        step()
     ratios, times = [], {"ours": [], "llama": []}
     for _ in range(rounds):
         for k in ("ours", "llama"):
-            times[k].append(measure(steps[k], min_run_time)["median_s"])
+            times[k].append(measure(steps[k], min_run_time, warmup=1)["median_s"])
         ratios.append(times["llama"][-1] / times["ours"][-1])
     tokens = batch * train_len
     result = {
@@ -306,7 +346,7 @@ def versus_llama(device: torch.device, log, *, train_len: int = 128, batch: int 
         "ratio": sorted(ratios)[len(ratios) // 2], "ratios": ratios,
         "note": "ours: LayerNorm, 4x GELU MLP; Llama: RMSNorm, SwiGLU with 8/3x inner size (same parameters +-0.2%)",
     }
-    log(f"  training tokens/s, our rope model / LlamaForCausalLM ({result['params_ours']:,} vs "
+    log(f"  training tokens/s at {result['shape']}, our rope model / LlamaForCausalLM ({result['params_ours']:,} vs "
         f"{result['params_llama']:,} parameters): {result['ratio']:.2f}x (rounds: {', '.join(f'{r:.2f}' for r in ratios)})")
     return result
 
@@ -334,17 +374,20 @@ def run_timing(tc: TimingConfig, log: Callable[[str], None] = print) -> dict:
     if tc.application:
         for length in tc.lengths:
             rows += attention_rows(tc, device, dtype, int(length), log)
-    llama = None
+    llama = llama_long = None
     if tc.training:
         rows += memory_rows(tc, device, log)
         rows += training_rows(tc, device, log)
-        llama = versus_llama(device, log)
+        llama = versus_llama(device, log)  # the default run's shape, batch 32 x 128
+        # and the forward+backward rows' shape, where attention is most of a step
+        llama_long = versus_llama(device, log, train_len=tc.train_len, batch=max(1, tc.train_tokens // tc.train_len),
+                                  rounds=5)
     return {"schema_version": 1, "config": asdict(tc), "machine": info, "commit": git_commit(),
-            "rows": rows, "versus_llama": llama}
+            "rows": rows, "versus_llama": llama, "versus_llama_long": llama_long}
 
 
 COLUMNS = ["part", "encoding", "what", "length", "dims", "median_ms", "iqr_ms", "floor_ms", "x_floor",
-           "reference", "reference_ms", "x_textbook", "x_fused"]
+           "reference", "reference_ms", "x_textbook", "x_fused", "peak_mib", "setup_ms"]
 
 
 def table_rows(result: dict) -> list[dict]:
@@ -357,8 +400,12 @@ def table_rows(result: dict) -> list[dict]:
                     "length": r["length"], "dims": r["dims"], "median_ms": ms(r.get("median_s")), "iqr_ms": ms(r.get("iqr_s")),
                     "floor_ms": ms(r.get("floor_s")), "x_floor": rr(r.get("x_floor")), "reference": r.get("reference", ""),
                     "reference_ms": ms(r.get("reference_s")), "x_textbook": rr(r.get("x_textbook")), "x_fused": rr(r.get("x_fused")),
-                    "peak_mib": r.get("peak_mib")})
+                    "peak_mib": r.get("peak_mib"), "setup_ms": ms(r.get("setup_s"))})
     return out
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
 
 
 def markdown(result: dict) -> str:
@@ -369,7 +416,7 @@ def markdown(result: dict) -> str:
             f"dtype {result['config']['dtype']}, commit {result['commit']}. Median of torch.utils.benchmark "
             f"blocked_autorange; IQR beside it. x_floor = time / floor (the larger of writing the output and one fp32 "
             f"sin per value); x_textbook = reference time / ours (> 1: ours faster); x_fused = time / the same work on "
-            f"SDPA's fused causal path (nope).\n")
+            f"SDPA's fused causal path (nope); setup_ms = a RoPE scaling's frequencies, computed once per eval length.\n")
     rows = table_rows(result)
     parts = []
     for part in dict.fromkeys(r["part"] for r in rows):
@@ -377,10 +424,13 @@ def markdown(result: dict) -> str:
         keep = [k for k in sel[0] if any(s[k] not in (None, "") for s in sel)]
         parts.append(f"### {part}\n\n" + tabulate([[s[k] for k in keep] for s in sel], headers=keep, tablefmt="github"))
     text = head + "\n" + "\n\n".join(parts) + "\n"
-    v = result.get("versus_llama")
-    if v:
+    for v in (result.get("versus_llama"), result.get("versus_llama_long")):
+        if not v:
+            continue
         text += (f"\nTraining step (forward, backward, AdamW), {v['shape']}: our rope model / transformers "
-                 f"LlamaForCausalLM tokens/s = **{v['ratio']:.2f}x** (rounds {', '.join(f'{r:.2f}' for r in v['ratios'])}; "
+                 f"LlamaForCausalLM tokens/s = **{v['ratio']:.2f}x** (median tokens/s: ours "
+                 f"{_median(v['ours_tokens_per_s']):,.0f}, Llama {_median(v['llama_tokens_per_s']):,.0f}; "
+                 f"rounds {', '.join(f'{r:.2f}' for r in v['ratios'])}; "
                  f"{v['params_ours']:,} vs {v['params_llama']:,} parameters; {v['note']}).\n")
     return text
 

@@ -91,6 +91,18 @@ def test_alibi_is_folded_into_qk_channels_and_builds_no_bias():
     assert plan.mask(1, torch.float32).shape == (1, 1, 256, 512)  # causal only: no per-head bias
 
 
+@pytest.mark.parametrize("budget,shared", [(64 << 20, True), (256 * 1024 * 4, False)])
+def test_chunk_masks_are_shared_by_the_layers_only_within_the_memory_budget(budget, shared):
+    # 1200 positions in 256-row chunks: the 4 masked chunks need 256 x (512 + 768 + 1024 + 1200) x 4 bytes = 3.5 MiB
+    plan = AttentionPlan(DecoderLM(ModelConfig(d_model=32, n_layers=1, n_heads=4), "alibi", 16).encoding,
+                         torch.arange(1200), None, budget)
+    first = [plan.mask(i, torch.float32) for i in range(1, len(plan.chunks))]
+    again = [plan.mask(i, torch.float32) for i in range(1, len(plan.chunks))]
+    assert all((a is b) == shared for a, b in zip(first, again))  # the next layer gets the same tensors, or new ones
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert len(plan._masks) == (4 if shared else 0)
+
+
 @pytest.mark.parametrize("window", [None, 5])
 @pytest.mark.parametrize("fold_rows", [512, 8])  # one chunk / many
 def test_folded_alibi_matches_the_explicit_bias_forward_and_gradients(monkeypatch, window, fold_rows):
@@ -122,7 +134,8 @@ def test_folded_alibi_keeps_precision_at_long_lengths(dtype, tol):
     torch.manual_seed(0)
     q, k = torch.randn(1, H, qe - qs, D).to(dtype), torch.randn(1, H, qe - ks, D).to(dtype)
     scale = D**-0.5
-    qa, ka, _ = plan.fold_bias(i, q, k, torch.zeros_like(k), scale)
+    qa, ka = plan.fold_bias(i, q, k, scale)
+    assert qa.shape[-1] == ka.shape[-1] == D + plan.fold_channels(D, dtype)  # v gets as many zero channels
     rows = [0, 127, qe - qs - 1]  # first, middle, last query of the chunk
     folded = (qa[0, :, rows].float() @ ka[0].float().transpose(-1, -2)) * scale  # (H, 3, k), float32
     qpos = torch.arange(qs, qe)[rows]

@@ -83,6 +83,15 @@ class Encoding(nn.Module):
         return None
 
 
+def consecutive_start(pos: torch.Tensor) -> Optional[int]:
+    """pos[0] when pos is start, start + 1, ... (what the model passes), else None: an encoding can then take
+    a slice of its tables instead of gathering rows (the same values, without the copy)."""
+    if pos.dim() != 1 or not pos.shape[0]:
+        return None
+    start = int(pos[0])
+    return start if torch.equal(pos, torch.arange(start, start + pos.shape[0], device=pos.device, dtype=pos.dtype)) else None
+
+
 def register(name: str) -> Callable[[type[Encoding]], type[Encoding]]:
     """Class decorator: make an Encoding subclass available under ``name``."""
 

@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from posenc_bench.encodings import Encoding, register
+from posenc_bench.encodings import Encoding, consecutive_start, register
 from posenc_bench.encodings.phasors import unit_phasors
 
 
@@ -79,8 +79,8 @@ def rope_cos_sin_halves(pos: torch.Tensor, inv_freq: torch.Tensor, attention_sca
     several times faster than evaluating cos and sin per element; other positions are evaluated directly.
     """
     T = pos.shape[0]
-    start = int(pos[0]) if T else 0
-    if T and torch.equal(pos, torch.arange(start, start + T, device=pos.device, dtype=pos.dtype)):
+    start = consecutive_start(pos)
+    if start is not None:
         pairs = unit_phasors(T, inv_freq, start=start, scale=attention_scale, device=pos.device)  # (T, D/2, 2)
     else:
         angles = pos.to(torch.float64)[:, None] * inv_freq.to(pos.device, torch.float64)[None, :]  # (T, D/2)

@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from posenc_bench.encodings.absolute import Learned, Sinusoidal, sinusoidal_table
+from posenc_bench import encodings
+from posenc_bench.encodings.absolute import Learned, Sinusoidal, rows, sinusoidal_table
 from posenc_bench.errors import PositionOutOfRange
 
 
@@ -68,3 +69,30 @@ def test_sinusoidal_on_cuda_equals_cpu():
     gpu = sinusoidal_table(3000, 256, device="cuda")
     assert gpu.device.type == "cuda"
     assert (gpu.cpu() - sinusoidal_table(3000, 256)).abs().max() < 3e-7
+
+
+@pytest.mark.parametrize("pos,view", [
+    (torch.arange(3, 9), True),  # what the model passes: a slice of the table, no copy
+    (torch.arange(0, 12), True),
+    (torch.tensor([4, 2, 7]), False),  # anything else is gathered
+    (torch.tensor([1, 2, 4]), False),
+    (torch.tensor([], dtype=torch.long), False),
+])
+def test_table_rows_are_a_view_for_consecutive_positions_and_equal_the_gather(pos, view):
+    table = torch.randn(12, 4)
+    got = rows(table, pos)
+    assert torch.equal(got, table[pos])
+    assert (got.numel() > 0 and got.data_ptr() == table[int(pos[0])].data_ptr()) == view
+
+
+@pytest.mark.parametrize("name", ["learned", "sinusoidal"])
+def test_absolute_embed_at_any_positions_equals_the_gathered_table(name):
+    enc = encodings.build(name, d_model=8, n_heads=2, train_len=16)
+    x = torch.randn(2, 5, 8)
+    for pos in (torch.arange(5), torch.arange(7, 12), torch.tensor([9, 0, 3, 3, 15])):
+        got = enc.embed(x, pos)
+        if name == "learned":
+            expected = x + enc.table[pos]
+        else:
+            expected = x * enc.scale + sinusoidal_table(16, 8)[pos]
+        assert torch.equal(got, expected)
