@@ -428,9 +428,9 @@ def markdown(result: dict) -> str:
         if not v:
             continue
         text += (f"\nTraining step (forward, backward, AdamW), {v['shape']}: our rope model / transformers "
-                 f"LlamaForCausalLM tokens/s = **{v['ratio']:.2f}x** (median tokens/s: ours "
+                 f"LlamaForCausalLM tokens/s = **{v['ratio']:.2f}x**, the median of the paired rounds "
+                 f"{', '.join(f'{r:.2f}' for r in v['ratios'])} (tokens/s, each side's own median: ours "
                  f"{_median(v['ours_tokens_per_s']):,.0f}, Llama {_median(v['llama_tokens_per_s']):,.0f}; "
-                 f"rounds {', '.join(f'{r:.2f}' for r in v['ratios'])}; "
                  f"{v['params_ours']:,} vs {v['params_llama']:,} parameters; {v['note']}).\n")
     return text
 

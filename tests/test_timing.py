@@ -76,8 +76,8 @@ def test_versus_llama_reports_paired_rounds_and_tokens_per_second():
               "config": {"dtype": "fp32"}, "commit": "abc", "rows": [], "versus_llama":
               {**v, "ratio": 1.25, "ratios": [1.2, 1.25, 1.3], "ours_tokens_per_s": [10_000.0, 12_500.0, 13_000.0],
                "llama_tokens_per_s": [9_000.0, 10_000.0, 11_000.0]}}
-    assert ("tokens/s = **1.25x** (median tokens/s: ours 12,500, Llama 10,000; rounds 1.20, 1.25, 1.30; "
-            "821,632 vs") in markdown(result)
+    assert ("tokens/s = **1.25x**, the median of the paired rounds 1.20, 1.25, 1.30 (tokens/s, each side's own "
+            "median: ours 12,500, Llama 10,000; 821,632 vs") in markdown(result)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
