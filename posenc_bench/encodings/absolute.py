@@ -35,6 +35,12 @@ def sinusoidal_table(length: int, d_model: int, base: float = 10000.0, *, device
     return pairs.view(length, d_model)
 
 
+def rows(table: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """table[pos]: a view for consecutive positions (3-6x faster than the gather at 5000 x 512), else a gather."""
+    start = consecutive_start(pos)
+    return table[pos] if start is None else table[start:start + pos.shape[0]]
+
+
 @register("sinusoidal")
 class Sinusoidal(Encoding):
     summary = "fixed absolute sin/cos added to embeddings; Vaswani et al. 2017"
@@ -52,12 +58,6 @@ class Sinusoidal(Encoding):
         if self._table.shape[0] < needed or self._table.device != x.device:
             self._table = sinusoidal_table(max(needed, self.train_len), self.d_model, self.base, device=x.device)
         return x * self.scale + rows(self._table, pos).to(x.dtype)  # (T, C) broadcast over the batch
-
-
-def rows(table: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """table[pos]: a view for consecutive positions (4-6x faster than the gather at 5000 x 512), else a gather."""
-    start = consecutive_start(pos)
-    return table[pos] if start is None else table[start:start + pos.shape[0]]
 
 
 @register("learned")
