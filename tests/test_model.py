@@ -28,6 +28,21 @@ def reference_attention(model: DecoderLM, x: torch.Tensor, window=None) -> torch
     return model.lm_head(model.ln_f(h))
 
 
+def assert_matches_reference_attention(model: DecoderLM, x: torch.Tensor, window, grad_atol: float) -> dict:
+    """The model's logits (atol 2e-5) and every parameter's gradient of mean(logits^2) equal those of the
+    textbook attention; returns the model's own gradients."""
+    ours = model(x)
+    ours.square().mean().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    ref = reference_attention(model, x, window)
+    ref.square().mean().backward()
+    assert torch.allclose(ours, ref, atol=2e-5), (ours - ref).abs().max()
+    for n, p in model.named_parameters():
+        assert torch.allclose(grads[n], p.grad, atol=grad_atol, rtol=1e-4), (n, (grads[n] - p.grad).abs().max())
+    return grads
+
+
 @pytest.mark.parametrize("name", ["nope", "rope", "alibi", "t5", "sinusoidal"])
 @pytest.mark.parametrize("window", [None, 7])
 @pytest.mark.parametrize("max_mask_bytes", [64 << 20, 1024])  # one chunk / many query chunks
@@ -110,15 +125,7 @@ def test_folded_alibi_matches_the_explicit_bias_forward_and_gradients(monkeypatc
     cfg = ModelConfig(d_model=48, n_layers=2, n_heads=6)  # 6 heads: slopes that are not powers of two
     model = DecoderLM(cfg, "alibi", 16, window=window, seed=3)
     x = torch.randint(0, 256, (2, 40))
-    ours = model(x)
-    ours.square().mean().backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-    ref = reference_attention(model, x, window)
-    ref.square().mean().backward()
-    assert torch.allclose(ours, ref, atol=2e-5), (ours - ref).abs().max()
-    for n, p in model.named_parameters():
-        assert torch.allclose(grads[n], p.grad, atol=1e-6, rtol=1e-4), (n, (grads[n] - p.grad).abs().max())
+    assert_matches_reference_attention(model, x, window, grad_atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-5)])
@@ -163,13 +170,5 @@ def test_t5_training_path_matches_sdpa_forward_and_gradients(monkeypatch, window
     assert AttentionPlan(model.encoding, torch.arange(200), window, max_mask_bytes).distance_bias is None  # short
     with torch.no_grad():
         assert AttentionPlan(model.encoding, torch.arange(300), window, max_mask_bytes).distance_bias is None
-    ours = model(x)
-    ours.square().mean().backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
-    ref = reference_attention(model, x, window)
-    ref.square().mean().backward()
-    assert torch.allclose(ours, ref, atol=2e-5), (ours - ref).abs().max()
-    for n, p in model.named_parameters():
-        assert torch.allclose(grads[n], p.grad, atol=1e-7, rtol=1e-4), (n, (grads[n] - p.grad).abs().max())
+    grads = assert_matches_reference_attention(model, x, window, grad_atol=1e-7)
     assert grads["encoding.relative_attention_bias.weight"].abs().sum() > 0
