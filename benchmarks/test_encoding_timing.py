@@ -13,8 +13,8 @@ import torch
 from posenc_bench import encodings
 from posenc_bench.encodings.absolute import sinusoidal_table
 from posenc_bench.encodings.rope import default_inv_freq, rope_cos_sin_halves
-from posenc_bench.model import AttentionPlan, CausalSelfAttention, ModelConfig
-from posenc_bench.timing import floor_fns, hf_rotary, textbook_sinusoidal
+from posenc_bench.model.transformer import AttentionPlan, CausalSelfAttention, ModelConfig
+from posenc_bench.bench.timing import floor_fns, hf_rotary, textbook_sinusoidal
 
 D_MODEL, HEAD_DIM = 512, 128
 

@@ -8,10 +8,10 @@ Read each grad_accum's time as a ratio to grad_accum=1 measured in the same run.
 import pytest
 import torch
 
-from posenc_bench.config import TrainConfig
+from posenc_bench.bench.config import TrainConfig
 from posenc_bench.data import TrainBatches
-from posenc_bench.model import DecoderLM, ModelConfig
-from posenc_bench.train import train
+from posenc_bench.model.transformer import DecoderLM, ModelConfig
+from posenc_bench.bench.train import train
 
 STEPS = 2
 

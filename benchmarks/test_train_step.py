@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from posenc_bench import encodings
-from posenc_bench.model import DecoderLM, ModelConfig
+from posenc_bench.model.transformer import DecoderLM, ModelConfig
 
 TRAINED = [n for n in encodings.available() if encodings.get_class(n).trained_as is None]
 

@@ -1,3 +1,3 @@
-from posenc_bench.cli import main
+from posenc_bench.commands.cli import main
 
 raise SystemExit(main())

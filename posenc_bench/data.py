@@ -53,7 +53,8 @@ class Corpus:
         parts = []
         for _, text in docs:
             parts.append(torch.tensor([BOS], dtype=torch.int16))
-            parts.append(torch.frombuffer(bytearray(text), dtype=torch.uint8).to(torch.int16))
+            if text:  # an empty file is a document of no bytes (frombuffer refuses an empty buffer)
+                parts.append(torch.frombuffer(bytearray(text), dtype=torch.uint8).to(torch.int16))
         return torch.cat(parts)
 
     def describe(self) -> dict:

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from posenc_bench.cli import main
+from posenc_bench.commands.cli import main
 
 
 @pytest.mark.slow

@@ -5,7 +5,7 @@ import torch
 
 from posenc_bench import encodings
 from posenc_bench.errors import PositionOutOfRange, UnknownEncodingError
-from posenc_bench.model import DecoderLM
+from posenc_bench.model.transformer import DecoderLM
 
 NAMES = encodings.available()
 TRAIN_LEN = 16

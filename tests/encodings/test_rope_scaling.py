@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from posenc_bench import encodings
-from posenc_bench.config import RunConfig, cell_key, eval_key, load_config
+from posenc_bench.bench.config import RunConfig, cell_key, eval_key, load_config
 from posenc_bench.encodings.rope import RoPE, default_inv_freq, rope_cos_sin
 from posenc_bench.encodings.rope_scaling import ntk_inv_freq
 

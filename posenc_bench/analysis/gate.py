@@ -1,0 +1,316 @@
+"""CI regression gate: compare a run's results with a committed baseline, cell by cell.
+
+For every (encoding row, eval length) of the baseline the gate checks two numbers, each a relative rise
+against an allowed tolerance:
+
+- ``ppl``: mean perplexity over seeds;
+- ``ratio``: the extrapolation ratio ppl(kx) / ppl(1x) (each seed's own ratio, then the mean), at every
+  length but the train length. A change that makes every length worse by the same factor moves ppl but not
+  the ratio; a change that hurts only long lengths moves both.
+
+The allowed rise is the configured tolerance (``gate.ppl_tol``, ``gate.ratio_tol``, overridable per
+encoding row under ``gate.per_encoding``). When the baseline has two or more seeds, it is widened to
+``gate.sigmas`` standard errors of the difference of two means, from the baseline's seed spread:
+``sigmas * std / mean * sqrt(1/n_baseline + 1/n_current)``, so seed noise does not fail the gate.
+
+Verdicts: ``ok``; ``improved`` (better by more than allowed: consider updating the baseline);
+``REGRESSED`` (worse by more than allowed, or ok in the baseline but n/a or diverged now); ``MISSING``
+(in the baseline, not in the current run: fails, a dropped encoding must not pass silently); ``new`` (no
+baseline to compare with: reported, not gated); ``n/a`` (not applicable in both, e.g. a learned table past
+its length).
+
+Results are comparable only when measured the same way: same corpus and eval tokens (fingerprints), model,
+training, data and evaluation settings, precision and window. Anything else is refused with the field named.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from posenc_bench.errors import PosencError
+from posenc_bench.bench.records import ResultsError, atomic_write_json, atomic_write_text, read_results
+
+PASS, FAIL = 0, 1
+
+
+class GateError(PosencError):
+    """Usage error: missing or unreadable baseline, incomparable results (exit code 2)."""
+
+
+@dataclass
+class Tolerance:
+    ppl_tol: float
+    ratio_tol: float
+    sigmas: float
+
+
+@dataclass
+class Check:
+    encoding: str
+    eval_len: int
+    train_len: int
+    metric: str  # ppl | ratio | - (for a whole row or cell: missing / new / status change)
+    baseline: Optional[float] = None
+    current: Optional[float] = None
+    change: Optional[float] = None  # relative: current / baseline - 1
+    allowed: Optional[float] = None  # relative rise allowed
+    allowed_from: str = ""  # "tolerance" | "seed spread (3 sigma, 3 vs 3 seeds)"
+    verdict: str = "ok"
+    detail: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict in ("REGRESSED", "MISSING")
+
+    def length(self) -> str:
+        k = self.eval_len / self.train_len if self.train_len else 0
+        return f"{k:g}x ({self.eval_len})" if self.eval_len else "all"
+
+
+@dataclass
+class GateResult:
+    checks: list[Check]
+    notes: list[str] = field(default_factory=list)
+    baseline: str = ""
+    current: str = ""
+
+    @property
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if c.failed]
+
+    @property
+    def exit_code(self) -> int:
+        return FAIL if self.failed else PASS
+
+    def summary(self) -> str:
+        n = len([c for c in self.checks if c.metric in ("ppl", "ratio")])
+        improved = [c for c in self.checks if c.verdict == "improved"]
+        if self.failed:
+            worst = "; ".join(_describe(c) for c in self.failed[:8]) + (" ..." if len(self.failed) > 8 else "")
+            return f"gate: FAIL: {len(self.failed)} regression(s) in {n} checks: {worst}"
+        text = f"gate: PASS: {n} checks, no regression"
+        if improved:
+            text += (f"; {len(improved)} improved beyond tolerance ("
+                     + ", ".join(f"{c.encoding} {c.metric} at {c.length()}" for c in improved[:5])
+                     + "): if intended, update the baseline with --update-baseline")
+        return text
+
+
+def _describe(c: Check) -> str:
+    if c.change is not None:
+        return f"{c.encoding} {c.metric} at {c.length()} {c.change:+.2%} > allowed {c.allowed:+.2%}"
+    return f"{c.encoding} at {c.length()}: {c.detail}"
+
+
+# ----------------------------------------------------------------------------------------- comparable?
+
+
+IGNORED = {  # settings that do not change a number, or are compared another way (eval.lens: as eval lengths)
+    "config.out", "config.device", "config.threads", "config.max_mask_bytes", "config.save_every",
+    "config.eval.batch_tokens", "config.eval.lens", "config.encodings", "config.seeds", "config.gate", "config.train.log_every", "config.plugins", "config.grad_accum",
+}
+
+
+def _leaves(value: Any, prefix: str) -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_leaves(v, f"{prefix}.{k}"))
+        return out
+    return {prefix: value}
+
+
+def incomparable(baseline_run: dict, current_run: dict) -> list[str]:
+    """The fields that differ between two runs' metadata, as 'field: baseline X, current Y'."""
+    def facts(run: dict) -> dict[str, Any]:
+        out = _leaves(run.get("config", {}), "config")
+        out["corpus fingerprint"] = run.get("corpus", {}).get("fingerprint")
+        out["eval fingerprint"] = run.get("eval_fingerprint")
+        out["eval lengths"] = run.get("eval_lengths")
+        out["tokenizer"] = run.get("tokenizer", "bytes")
+        return {k: v for k, v in out.items() if not any(k == i or k.startswith(i + ".") for i in IGNORED)}
+
+    from posenc_bench.bench.config import RunConfig
+
+    # a setting added to the config after a baseline was made is absent there: its default is what it ran with
+    defaults = _leaves(RunConfig().to_dict(), "config")
+    b, c = facts(baseline_run), facts(current_run)
+    diffs = []
+    for key in list(b) + [k for k in c if k not in b]:
+        bv, cv = b.get(key, defaults.get(key, "(absent)")), c.get(key, defaults.get(key, "(absent)"))
+        if bv != cv:
+            diffs.append(f"{key.removeprefix('config.')}: baseline {bv!r}, current {cv!r}")
+    return diffs
+
+
+# ---------------------------------------------------------------------------------------------- compare
+
+
+@dataclass
+class _Cell:
+    status: str
+    reason: str
+    ppl: list[float]  # one per ok seed
+    ratio: list[float]  # ppl / same seed's ppl at 1x, per ok seed
+    seeds: int
+
+
+def _cells(data: dict) -> dict[tuple[str, int], _Cell]:
+    records = data["records"]
+    ref = {(r["encoding"], r["seed"]): r["ppl"] for r in records if r["eval_len"] == r["train_len"] and r["status"] == "ok"}
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["encoding"], r["eval_len"]), []).append(r)
+    out = {}
+    for key, group in groups.items():
+        ok = [r for r in group if r["status"] == "ok" and r.get("ppl") is not None]
+        bad = [r for r in group if r["status"] != "ok"]
+        status = "ok" if ok else ("diverged" if any(r["status"] == "diverged" for r in bad) else "n/a")
+        ratios = [r["ppl"] / ref[r["encoding"], r["seed"]] for r in ok if (r["encoding"], r["seed"]) in ref]
+        out[key] = _Cell(status, str(bad[0].get("reason", "")) if bad else "", [r["ppl"] for r in ok], ratios,
+                         len(group))
+    return out
+
+
+def _mean_std(xs: list[float]) -> tuple[float, float]:
+    m = sum(xs) / len(xs)
+    s = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
+    return m, s
+
+
+def _check(enc: str, L: int, T: int, metric: str, b: list[float], c: list[float], tol: float, sigmas: float) -> Check:
+    bm, bs = _mean_std(b)
+    cm, _ = _mean_std(c)
+    change = cm / bm - 1
+    allowed, source = tol, "tolerance"
+    if len(b) >= 2 and bm > 0:
+        spread = sigmas * bs / bm * math.sqrt(1 / len(b) + 1 / len(c))
+        if spread > tol:
+            allowed, source = spread, f"seed spread ({sigmas:g} sigma, {len(b)} vs {len(c)} seeds)"
+    verdict = "REGRESSED" if change > allowed else ("improved" if change < -allowed else "ok")
+    return Check(enc, L, T, metric, bm, cm, change, allowed, source, verdict)
+
+
+def compare(baseline: dict, current: dict, tolerances: dict[str, Tolerance], default: Tolerance) -> GateResult:
+    """Every check of ``current`` against ``baseline`` (both results files' contents)."""
+    diffs = incomparable(baseline["run"], current["run"])
+    if diffs:
+        raise GateError(
+            "the baseline and the current results are not comparable: " + "; ".join(diffs[:4])
+            + (f" (and {len(diffs) - 4} more)" if len(diffs) > 4 else "")
+            + ". Regenerate the baseline from the same config with --update-baseline"
+        )
+    bc, cc = _cells(baseline), _cells(current)
+    train_len = baseline["run"]["config"]["train"]["train_len"]
+    checks: list[Check] = []
+    b_rows = list(dict.fromkeys(k[0] for k in bc))
+    c_rows = list(dict.fromkeys(k[0] for k in cc))
+    for enc in b_rows:
+        tol = tolerances.get(enc, default)
+        if enc not in c_rows:
+            checks.append(Check(enc, 0, train_len, "-", verdict="MISSING",
+                                detail="in the baseline but not in the current run"))
+            continue
+        for (e, L), b in bc.items():
+            if e != enc:
+                continue
+            c = cc.get((enc, L))
+            if c is None:
+                checks.append(Check(enc, L, train_len, "-", verdict="MISSING",
+                                    detail="this length is in the baseline but not in the current run"))
+                continue
+            if b.status != "ok" or c.status != "ok":
+                if b.status == c.status:
+                    checks.append(Check(enc, L, train_len, "-", verdict="n/a", detail=f"{b.status} in both"))
+                elif b.status == "ok" or c.status == "diverged":
+                    checks.append(Check(enc, L, train_len, "-", verdict="REGRESSED",
+                                        detail=f"{b.status} in the baseline, {c.status} now: {c.reason}"))
+                else:
+                    checks.append(Check(enc, L, train_len, "-", verdict="improved",
+                                        detail=f"{b.status} in the baseline, {c.status} now"))
+                continue
+            checks.append(_check(enc, L, train_len, "ppl", b.ppl, c.ppl, tol.ppl_tol, tol.sigmas))
+            if L != train_len and b.ratio and c.ratio:
+                checks.append(_check(enc, L, train_len, "ratio", b.ratio, c.ratio, tol.ratio_tol, tol.sigmas))
+    for enc in c_rows:
+        if enc not in b_rows:
+            checks.append(Check(enc, 0, train_len, "-", verdict="new",
+                                detail="not in the baseline: not gated (add it with --update-baseline)"))
+    notes = []
+    for k in ("torch", "transformers"):
+        bv, cv = baseline["run"].get("versions", {}).get(k), current["run"].get("versions", {}).get(k)
+        if bv != cv:
+            notes.append(f"{k} {cv} now, {bv} in the baseline: small numeric differences are expected")
+    if baseline["run"].get("device") != current["run"].get("device"):
+        notes.append(f"device {current['run'].get('device')} now, {baseline['run'].get('device')} in the baseline")
+    spread = [c for c in checks if c.allowed_from.startswith("seed spread")]
+    if spread:
+        notes.append(f"{len(spread)} check(s) allow more than the tolerance because of the baseline's seed spread")
+    return GateResult(checks, notes)
+
+
+# ------------------------------------------------------------------------------------------------ output
+
+
+def _pct(x: Optional[float]) -> str:
+    return "" if x is None else f"{x:+.2%}"
+
+
+def _num(x: Optional[float]) -> str:
+    return "" if x is None else f"{x:.4f}"
+
+
+def markdown(result: GateResult) -> str:
+    from tabulate import tabulate
+
+    rows = [[c.encoding, c.length(), c.metric, _num(c.baseline), _num(c.current), _pct(c.change),
+             (_pct(c.allowed) + (" (seeds)" if c.allowed_from.startswith("seed") else "")) if c.allowed is not None else "",
+             f"**{c.verdict}**" if c.failed else c.verdict, c.detail] for c in result.checks]
+    table = tabulate(rows, headers=["encoding", "length", "metric", "baseline", "current", "change", "allowed",
+                                    "verdict", "note"], tablefmt="github", disable_numparse=True,
+                     colalign=("left", "left", "left", "right", "right", "right", "right", "left", "left"))
+    lines = [result.summary(), "", f"baseline: {result.baseline}  ", f"current: {result.current}", "", table]
+    if result.notes:
+        lines += [""] + [f"- {n}" for n in result.notes]
+    return "\n".join(lines) + "\n"
+
+
+def as_json(result: GateResult, tolerance: Tolerance, per_encoding: dict) -> dict:
+    return {
+        "verdict": "fail" if result.failed else "pass",
+        "exit_code": result.exit_code,
+        "summary": result.summary(),
+        "baseline": result.baseline,
+        "current": result.current,
+        "tolerance": asdict(tolerance),
+        "per_encoding": per_encoding,
+        "notes": result.notes,
+        "checks": [asdict(c) | {"failed": c.failed} for c in result.checks],
+    }
+
+
+def read_baseline(path: Path | str) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise GateError(f"baseline {str(path)!r} not found; create it from a trusted run with "
+                        f"`posenc-bench gate --config <config> --baseline {path} --update-baseline`")
+    try:
+        return read_results(path)
+    except ResultsError as e:
+        raise GateError(f"baseline: {e}") from None
+
+
+def write_baseline(path: Path | str, data: dict) -> None:
+    atomic_write_json(path, data)
+
+
+def write_outputs(out: Path | str, result: GateResult, tolerance: Tolerance, per_encoding: dict) -> tuple[Path, Path]:
+    out = Path(out)
+    md, js = out / "gate.md", out / "gate.json"
+    atomic_write_text(md, markdown(result))
+    atomic_write_text(js, json.dumps(as_json(result, tolerance, per_encoding), indent=1) + "\n")
+    return md, js

@@ -1,0 +1,455 @@
+"""One config path: dataclasses <- YAML file (configs/*.yaml) <- CLI flags.
+
+``load_config(path, overrides)`` returns a validated :class:`RunConfig`. Unknown keys and bad values raise
+ConfigError naming the key or value and the valid choices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import json
+import math
+import typing
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import yaml
+
+from posenc_bench import encodings
+from posenc_bench.errors import ConfigError
+from posenc_bench.data import VOCAB_SIZE
+from posenc_bench.model.transformer import ModelConfig
+
+DEFAULT_EVAL_LENS = ["1x", "1.5x", "2x", "4x"]
+# Config sections that must match for records in one output folder (or merged shards) to belong to one table.
+IDENTITY_KEYS = ("model", "train", "data", "window", "precision")
+
+
+@dataclass
+class TrainConfig:
+    train_len: int = 128
+    batch_size: int = 32
+    steps: int = 400
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    warmup_steps: int = 40
+    weight_decay: float = 0.1
+    betas: list = field(default_factory=lambda: [0.9, 0.95])
+    grad_clip: float = 1.0
+    # a loss that is not finite, or above divergence_factor x the first step's loss, ends the run as diverged
+    divergence_factor: float = 2.0
+    log_every: int = 20
+
+
+@dataclass
+class DataConfig:
+    source: str = "stdlib"  # stdlib | shakespeare | <path or glob> | hf:<dataset>[:<config>]
+    text_field: str = "text"  # column of an hf: dataset
+    valid_fraction: float = 0.05
+    test_fraction: float = 0.05
+
+
+@dataclass
+class EvalConfig:
+    # absolute lengths (4096) or multiples of the train length ("2x"); the train length is always added
+    lens: list = field(default_factory=lambda: list(DEFAULT_EVAL_LENS))
+    tokens: int = 65536  # target tokens scored at every eval length (rounded up to whole segments)
+    split: str = "test"
+    batch_tokens: int = 16384  # tokens per forward pass
+    position_buckets: int = 64  # loss-by-position buckets over the longest eval length
+    # nonoverlapping (default): windows side by side; strided: each window scores only its last `stride`
+    # targets, so each has at least L - stride tokens of context (see evaluate.windows)
+    protocol: str = "nonoverlapping"
+    stride: int = 0
+
+
+@dataclass
+class FinetuneConfig:
+    """The -ft rows (rope-ft, rope-linear-ft, ...): the trained rope model trained further at a longer length
+    with the row's scaling, as the position-interpolation paper does (Chen et al. 2023, sec. 3.2). The same
+    optimizer settings as pre-training (AdamW betas, decay, clipping, warm-up then cosine to min_lr_ratio)
+    and the same data stream, continued where pre-training stopped. The peak lr defaults to the rate
+    pre-training ended at (train.lr x train.min_lr_ratio): PI fine-tunes at about 1/15 of LLaMA's peak
+    (2e-5 against 3e-4); re-warming to the pre-training peak undoes part of pre-training (measured: rope-ft
+    at 1x went from ppl 4.74 to 5.26 at lr 3e-3 on the default run)."""
+
+    steps: int = 0  # 0: 10% of train.steps
+    len: str = ""  # fine-tune length, "4x" or tokens; "": the longest eval length
+    warmup_steps: int = -1  # -1: 10% of the fine-tune steps (at least 1)
+    batch_size: int = 0  # sequences per step; 0: as many tokens per step as pre-training (B x T / len)
+    lr: float = 0.0  # peak lr; 0: train.lr x train.min_lr_ratio
+
+
+@dataclass
+class FinetunePlan:
+    steps: int
+    len: int
+    warmup_steps: int
+    batch_size: int
+    lr: float
+
+    @property
+    def tokens(self) -> int:
+        return self.steps * self.batch_size * self.len
+
+
+GATE_TOLERANCE_KEYS = ("ppl_tol", "ratio_tol", "sigmas")
+
+
+@dataclass
+class GateConfig:
+    """What `posenc-bench gate` counts as a regression (see posenc_bench/gate.py)."""
+
+    ppl_tol: float = 0.02  # allowed relative rise of mean ppl at any length
+    ratio_tol: float = 0.02  # allowed relative rise of the extrapolation ratio ppl(kx) / ppl(1x)
+    sigmas: float = 3.0  # with >= 2 baseline seeds, allow this many standard errors of the seed spread
+    per_encoding: dict = field(default_factory=dict)  # row -> {ppl_tol, ratio_tol, sigmas} overrides
+
+
+@dataclass
+class RunConfig:
+    encodings: list = field(default_factory=lambda: ["sinusoidal", "learned", "t5", "rope", "rope-linear", "alibi", "nope"])
+    window: Optional[int] = None  # sliding-window attention for every encoding (rows named <enc>+sw<W>)
+    seeds: list = field(default_factory=lambda: [0])
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: Optional[int] = None  # torch intra-op threads; None keeps torch's default
+    precision: str = "fp32"  # fp32 | bf16 (autocast; for GPUs)
+    out: str = "results/run"
+    max_mask_bytes: int = 64 << 20  # memory budget of one attention-mask chunk
+    save_every: int = 100  # training steps between resumable mid-run saves (0: only at the end)
+    plugins: list = field(default_factory=list)  # modules imported first, e.g. your package's @register encodings
+    # micro-batches per step and process: train.batch_size stays the global batch (how the work is cut, like
+    # device and threads: not part of a cell's identity; the loss is the mean over the global batch either way)
+    grad_accum: int = 1
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+
+    # ---- derived -------------------------------------------------------------------------------------
+    def eval_lengths(self) -> list[int]:
+        return parse_eval_lens(self.eval.lens, self.train.train_len)
+
+    def finetune_plan(self) -> FinetunePlan:
+        """The resolved fine-tuning of the -ft rows (defaults filled in from the pre-training config)."""
+        f, t = self.finetune, self.train
+        length = max(self.eval_lengths()) if not str(f.len).strip() else parse_eval_lens([str(f.len)], t.train_len)[-1]
+        if length <= t.train_len:
+            raise ConfigError(f"finetune.len {f.len or length!r} must be beyond the train length {t.train_len} "
+                              "(e.g. 4x): fine-tuning teaches the scaled model a longer context")
+        steps = f.steps or max(1, round(0.1 * t.steps))
+        warmup = f.warmup_steps if f.warmup_steps >= 0 else max(1, round(0.1 * steps))
+        batch = f.batch_size or max(1, round(t.batch_size * t.train_len / length))
+        return FinetunePlan(steps, length, warmup, batch, f.lr or t.lr * t.min_lr_ratio)
+
+    def cells(self) -> list[tuple[str, int]]:
+        """(row name, seed) for every cell of the sweep, in a stable order."""
+        return [(row, seed) for row in self.rows() for seed in self.seeds]
+
+    def rows(self) -> list[str]:
+        rows = []
+        for spec in self.encodings:
+            name, window = parse_row(spec)
+            rows.append(row_name(name, window if window is not None else self.window))
+        return list(dict.fromkeys(rows))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def row_name(name: str, window: Optional[int]) -> str:
+    """The inverse of parse_row: ('rope', 64) -> 'rope+sw64'."""
+    return name if window is None else f"{name}+sw{window}"
+
+
+def parse_row(spec: str) -> tuple[str, Optional[int]]:
+    """'alibi' -> ('alibi', None); 'rope+sw64' -> ('rope', 64). Validates the encoding name."""
+    name, sep, rest = spec.partition("+")
+    window = None
+    if sep:
+        if not rest.startswith("sw") or not rest[2:].isdigit() or int(rest[2:]) < 1:
+            raise ConfigError(f"bad encoding row {spec!r}: expected <encoding> or <encoding>+sw<window>, e.g. rope+sw64")
+        window = int(rest[2:])
+    encodings.get_class(name)
+    return name, window
+
+
+def parse_eval_lens(items: Union[str, list], train_len: int) -> list[int]:
+    """Absolute lengths or multiples -> sorted unique lengths, always including train_len.
+
+    "1,1.5,2,4x": an x on the last item makes the whole list multiples. Otherwise each item stands alone:
+    "2x,4096" is 2 x train_len and 4096 tokens.
+    """
+    if isinstance(items, str):
+        items = [s for s in items.split(",") if s.strip()]
+    items = [str(i).strip().lower() for i in items]
+    if not items:
+        raise ConfigError("eval lengths are empty; give lengths like 4096 or multiples like 1,1.5,2,4x")
+    all_multiples = items[-1].endswith("x")
+    lengths = {train_len}
+    for item in items:
+        is_multiple = all_multiples or item.endswith("x")
+        try:
+            value = float(item.rstrip("x"))
+        except ValueError:
+            raise ConfigError(f"eval length {item!r} is not a number; give lengths like 4096 or multiples like 2x") from None
+        if all_multiples and not item.endswith("x") and value > 64:
+            raise ConfigError(
+                f"eval length {item!r} in {','.join(items)!r} reads as {item}x the train length; for {item} tokens "
+                f"put the multiples first ({','.join(i for i in items if i != item)},{item}), or write {item}x"
+            )
+        length = value * train_len if is_multiple else value
+        if not math.isfinite(length) or length < 1:
+            raise ConfigError(f"eval length {item!r} gives {length:g} tokens; an eval length must be at least 1")
+        if not is_multiple and value != int(value):
+            raise ConfigError(f"eval length {item!r} is not a whole number of tokens; for a multiple write {item}x")
+        lengths.add(int(round(length)))
+    return sorted(lengths)
+
+
+# ---- dict / YAML -> dataclasses -----------------------------------------------------------------------
+
+def _from_dict(cls: type, data: dict, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'} must be a mapping, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"unknown config key {where + '.' if where else ''}{unknown[0]}; valid keys"
+            f"{' of ' + where if where else ''}: {', '.join(fields)}"
+        )
+    kwargs = {}
+    defaults = cls()
+    hints = typing.get_type_hints(cls)
+    for name, value in data.items():
+        default = getattr(defaults, name)
+        key = f"{where}.{name}" if where else name
+        if dataclasses.is_dataclass(default):
+            kwargs[name] = _from_dict(type(default), value, key)
+        elif default is None and value is not None:  # Optional[int] and the like: check against the hint
+            inner = [a for a in typing.get_args(hints[name]) if a is not type(None)]
+            kwargs[name] = _coerce(value, inner[0](), key) if inner else value
+        else:
+            kwargs[name] = _coerce(value, default, key)
+    return dataclasses.replace(defaults, **kwargs)
+
+
+def _coerce(value: Any, default: Any, key: str) -> Any:
+    if value is None or default is None:
+        return value
+    if isinstance(value, str) and isinstance(default, (int, float)) and not isinstance(default, bool):
+        try:  # YAML 1.1 reads "1e9" as a string
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(default, bool):
+        if isinstance(value, bool):
+            return value
+    elif isinstance(default, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif isinstance(default, float):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif isinstance(default, str):
+        if isinstance(value, (str, int, float)):
+            return str(value)
+    elif isinstance(default, list):
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        elif isinstance(value, (int, float)):
+            value = [value]
+        if isinstance(value, (list, tuple)):
+            value = list(value)
+            if default:  # a typed list (e.g. betas): coerce every element like the default's first
+                value = [_coerce(v, default[0], f"{key}[{i}]") for i, v in enumerate(value)]
+            return value
+    elif isinstance(default, dict):
+        if isinstance(value, dict):
+            return value
+    raise ConfigError(f"config key {key} must be {type(default).__name__}, got {value!r}")
+
+
+def set_key(data: dict, dotted: str, value: Any) -> None:
+    """data['train']['lr'] = value for dotted='train.lr' (creating nested dicts)."""
+    parts = dotted.split(".")
+    node = data
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"config key {dotted}: {p} is not a section")
+    node[parts[-1]] = value
+
+
+def load_config(path: Optional[str] = None, overrides: Optional[dict[str, Any]] = None) -> RunConfig:
+    """Read a YAML file (or the built-in defaults), apply dotted-key overrides, validate."""
+    data: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            shipped = sorted(q.name for q in Path("configs").glob("*.yaml")) if Path("configs").is_dir() else []
+            raise ConfigError(f"config file {path!r} not found" + (f"; shipped configs: {', '.join(shipped)}" if shipped else ""))
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path!r} is not valid YAML: {e}") from None
+    for key, value in (overrides or {}).items():
+        set_key(data, key, value)
+    cfg = _from_dict(RunConfig, data, "")
+    import_plugins(cfg.plugins)
+    validate(cfg)
+    return cfg
+
+
+def import_plugins(modules: list) -> None:
+    """Import each named module (importable from sys.path) so its ``@register`` encodings exist."""
+    for name in modules:
+        try:
+            importlib.import_module(str(name))
+        except Exception as e:  # noqa: BLE001 - any failure to import is the same config error to the user
+            raise ConfigError(f"plugin module {name!r} (config key plugins) could not be imported: "
+                              f"{type(e).__name__}: {e}") from None
+
+
+def validate(cfg: RunConfig) -> None:
+    from posenc_bench.model.transformer import build_encoding, validate_shape
+
+    if not cfg.encodings:
+        raise ConfigError(f"no encodings selected; valid encodings: {', '.join(encodings.available())}")
+    if cfg.precision not in ("fp32", "bf16"):
+        raise ConfigError(f"precision {cfg.precision!r} is not supported; valid: fp32, bf16")
+    for name, options in cfg.model.encoding_options.items():
+        cls = encodings.get_class(name)
+        if not isinstance(options, dict):
+            raise ConfigError(f"model.encoding_options.{name} must be a mapping of options, got {options!r}")
+        if cls.trained_as:  # its own options (e.g. a fixed scaling factor) only; the trained model's are shared
+            import inspect
+
+            shared = [k for k in options if k in inspect.signature(encodings.get_class(cls.trained_as).__init__).parameters]
+            if shared:
+                raise ConfigError(
+                    f"model.encoding_options.{name}.{shared[0]}: {name!r} evaluates the trained {cls.trained_as!r} "
+                    f"model and takes its {shared[0]}; set it under model.encoding_options.{cls.trained_as}"
+                )
+    if cfg.window is not None and cfg.window < 1:
+        raise ConfigError(f"window must be >= 1 token, got {cfg.window}")
+    if cfg.save_every < 0:
+        raise ConfigError(f"save_every must be >= 0 steps (0 = only at the end), got {cfg.save_every}")
+    if cfg.grad_accum < 1 or cfg.train.batch_size % cfg.grad_accum:
+        raise ConfigError(f"grad_accum must be >= 1 and divide train.batch_size {cfg.train.batch_size}, got {cfg.grad_accum}")
+    if cfg.threads is not None and cfg.threads < 1:
+        raise ConfigError(f"threads must be >= 1, got {cfg.threads}")
+    if cfg.model.vocab_size < VOCAB_SIZE:
+        raise ConfigError(f"model.vocab_size must be at least {VOCAB_SIZE} (256 bytes + BOS), got {cfg.model.vocab_size}")
+    for spec in cfg.encodings:
+        name, _ = parse_row(spec)
+        validate_shape(cfg.model, name)
+        build_encoding(cfg.model, name, cfg.train.train_len)  # the encoding's own checks and options
+    if not cfg.seeds or any(not isinstance(s, int) or s < 0 for s in cfg.seeds):
+        raise ConfigError(f"seeds must be non-negative integers, got {cfg.seeds!r}")
+    t = cfg.train
+    for key in ("train_len", "batch_size", "steps", "log_every"):
+        if getattr(t, key) < 1:
+            raise ConfigError(f"train.{key} must be >= 1, got {getattr(t, key)}")
+    for key in ("lr", "grad_clip"):
+        if not (getattr(t, key) > 0 and math.isfinite(getattr(t, key))):
+            raise ConfigError(f"train.{key} must be a positive number, got {getattr(t, key)}")
+    if t.warmup_steps < 0 or not 0 <= t.min_lr_ratio <= 1 or t.weight_decay < 0:
+        raise ConfigError("train.warmup_steps and train.weight_decay must be >= 0, train.min_lr_ratio in [0, 1]")
+    if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):
+        raise ConfigError(f"train.betas must be two numbers in [0, 1), got {t.betas!r}")
+    if not t.divergence_factor > 1:
+        raise ConfigError(f"train.divergence_factor must be > 1, got {t.divergence_factor}")
+    if cfg.eval.split not in ("train", "valid", "test"):
+        raise ConfigError(f"eval.split {cfg.eval.split!r} is not a split; valid splits: train, valid, test")
+    if cfg.eval.protocol not in ("nonoverlapping", "strided"):
+        raise ConfigError(f"eval.protocol {cfg.eval.protocol!r} is not a protocol; valid: nonoverlapping, strided")
+    if (cfg.eval.protocol == "strided") != (cfg.eval.stride > 0) or cfg.eval.stride < 0:
+        raise ConfigError(f"eval.stride {cfg.eval.stride}: the strided protocol needs a stride >= 1 token "
+                          "(--protocol strided --stride 256), and only it takes one")
+    if cfg.eval.tokens < 1 or cfg.eval.batch_tokens < 1 or cfg.eval.position_buckets < 1:
+        raise ConfigError("eval.tokens, eval.batch_tokens and eval.position_buckets must be >= 1")
+    if not (0 <= cfg.data.valid_fraction and 0 < cfg.data.test_fraction and cfg.data.valid_fraction + cfg.data.test_fraction < 1):
+        raise ConfigError("data.valid_fraction and data.test_fraction must be fractions with test > 0 and sum < 1")
+    cfg.eval_lengths()  # raises on a bad length
+    f = cfg.finetune
+    if f.steps < 0 or f.batch_size < 0 or f.warmup_steps < -1 or not (f.lr >= 0 and math.isfinite(f.lr)):
+        raise ConfigError("finetune.steps, finetune.batch_size and finetune.lr must be >= 0 (0: default), "
+                          "finetune.warmup_steps >= -1 (-1: default)")
+    if any(encodings.get_class(parse_row(spec)[0]).finetuned for spec in cfg.encodings):
+        cfg.finetune_plan()  # raises on a length at or below the train length
+    validate_gate(cfg.gate)
+
+
+def validate_gate(g: GateConfig) -> None:
+    def check(values: dict, where: str) -> None:
+        for key, value in values.items():
+            if key not in GATE_TOLERANCE_KEYS:
+                raise ConfigError(f"unknown config key {where}.{key}; valid keys: {', '.join(GATE_TOLERANCE_KEYS)}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value >= 0 and math.isfinite(value)):
+                raise ConfigError(f"{where}.{key} must be a number >= 0, got {value!r}")
+
+    check({k: getattr(g, k) for k in GATE_TOLERANCE_KEYS}, "gate")
+    if not isinstance(g.per_encoding, dict):
+        raise ConfigError(f"gate.per_encoding must map encoding rows to tolerances, got {g.per_encoding!r}")
+    for row, values in g.per_encoding.items():
+        parse_row(str(row))  # an unknown encoding fails here, listing the valid ones
+        if not isinstance(values, dict):
+            raise ConfigError(f"gate.per_encoding.{row} must be a mapping like {{ratio_tol: 0.05}}, got {values!r}")
+        check(values, f"gate.per_encoding.{row}")
+
+
+# ---- identity of a cell --------------------------------------------------------------------------------
+
+def cell_key(cfg: RunConfig, trained_encoding: str, window: Optional[int], seed: int, corpus_fingerprint: str) -> str:
+    """Hash of everything that determines a trained model's weights: reuse a checkpoint only on a match.
+
+    Includes the corpus fingerprint (the documents themselves, not just the source name), the precision and
+    the package version, so changed data or code never silently reuses an old checkpoint.
+    """
+    from posenc_bench import __version__
+
+    model = asdict(cfg.model)  # an eval-only variant's own options change no trained weights
+    model["encoding_options"] = {k: v for k, v in model["encoding_options"].items()
+                                 if not encodings.get_class(k).trained_as}
+    ident = {
+        "encoding": trained_encoding,
+        "window": window,
+        "seed": seed,
+        "model": model,
+        "train": asdict(cfg.train),
+        "data": asdict(cfg.data),
+        "corpus": corpus_fingerprint,
+        "precision": cfg.precision,
+        "version": __version__,
+    }
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def finetune_key(base_key: str, cfg: RunConfig, encoding: str) -> str:
+    """Hash of what determines a fine-tuned model: the trained model's key, the row, its own options and the
+    resolved fine-tuning."""
+    ident = {"base": base_key, "encoding": encoding, "options": cfg.model.encoding_options.get(encoding, {}),
+             "finetune": asdict(cfg.finetune_plan())}
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def eval_key(cfg: RunConfig) -> str:
+    """Hash of the evaluation settings that change a number (not the batch size)."""
+    ident = {k: v for k, v in asdict(cfg.eval).items() if k != "batch_tokens"}
+    if ident["protocol"] == "nonoverlapping":  # the default protocol keeps the keys results were made with
+        del ident["protocol"], ident["stride"]
+    ident["lengths"] = cfg.eval_lengths()
+    ident["precision"] = cfg.precision
+    variants = {k: v for k, v in cfg.model.encoding_options.items() if encodings.get_class(k).trained_as}
+    if variants:  # eval-only variants' own options (e.g. a fixed RoPE scaling factor) change eval numbers
+        ident["variant_options"] = variants
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]

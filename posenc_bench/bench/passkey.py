@@ -1,0 +1,281 @@
+"""Passkey retrieval: can the model fetch a number hidden at some depth of a long prompt?
+
+The test of Mohtashami & Jaggi, "Landmark Attention: Random-Access Infinite Context Length for Transformers"
+(arXiv:2305.16300), used by the position-interpolation paper (Chen et al. 2023, arXiv:2306.15595, sec. 3.3):
+a random 5-digit key sits in repetitive filler text at a chosen depth, and the prompt ends with "What is the
+pass key? The pass key is". A trial succeeds when greedy decoding continues with exactly the key: the model's
+argmax is the key's next token at every answer position (teacher-forced, which is the same thing, since a
+greedy decode that is right so far sees exactly that prefix).
+
+Every prompt, answer included, is exactly ``length`` tokens of the model's own tokenizer, so a trial at length
+L exercises positions up to L - 1. Keys and depths come from a generator seeded by (seed, length, depth,
+trial): the same prompts for every model with the same tokenizer. Reported: accuracy by length and depth,
+and the effective context: the largest length at which accuracy reaches ``threshold`` at every depth.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Protocol, Sequence
+
+import torch
+
+from posenc_bench.errors import ConfigError, PositionOutOfRange
+from posenc_bench.bench.records import atomic_write_json, atomic_write_text
+
+INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+         "I will quiz you about the important information there.\n")
+FILLER = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+NEEDLE = " The pass key is {key}. Remember it. {key} is the pass key."
+QUESTION = " What is the pass key? The pass key is"
+DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+class PasskeyLM(Protocol):
+    """What a model needs for the test: its tokenizer and next-token logits for one sequence."""
+
+    name: str
+    train_len: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def prefix(self) -> list[int]: ...  # tokens every prompt starts with (BOS), maybe none
+
+    def set_length(self, length: int) -> None: ...  # raise PositionOutOfRange if it cannot run this long
+
+    def logits(self, ids: torch.Tensor) -> torch.Tensor: ...  # (1, L) -> (L, V)
+
+
+@dataclass
+class Prompt:
+    ids: list[int]  # exactly the requested length
+    answer_start: int  # index of the first answer token in ids
+    key: str
+    depth: float
+    needle_at: int  # index of the first needle token
+
+
+def build_prompt(lm: PasskeyLM, length: int, depth: float, key: str) -> Prompt:
+    """INTRO + filler (depth share) + NEEDLE + filler (the rest) + QUESTION + " <key>", ``length`` tokens."""
+    head = lm.prefix() + lm.encode(INTRO)
+    needle = lm.encode(NEEDLE.format(key=key))
+    tail = lm.encode(QUESTION)
+    answer = lm.encode(" " + key)
+    room = length - len(head) - len(needle) - len(tail) - len(answer)
+    if room < 0:
+        raise ConfigError(f"passkey length {length} is too short: the prompt without filler is "
+                          f"{length - room} tokens for this tokenizer")
+    one = lm.encode(FILLER)
+    filler = (one * (room // max(1, len(one)) + 2))[:room]
+    before = round(depth * room)
+    ids = head + filler[:before] + needle + filler[before:] + tail + answer
+    assert len(ids) == length
+    return Prompt(ids, length - len(answer), key, depth, len(head) + before)
+
+
+def _key(rng: random.Random) -> str:
+    return str(rng.randint(10000, 99999))
+
+
+@torch.inference_mode()
+def run_trial(lm: PasskeyLM, prompt: Prompt) -> bool:
+    ids = torch.tensor(prompt.ids[:-1])[None]  # the last answer token is only a target
+    logits = lm.logits(ids)  # (L - 1, V)
+    predicted = logits[prompt.answer_start - 1 :].argmax(-1).tolist()
+    return predicted == prompt.ids[prompt.answer_start :]
+
+
+def passkey_sweep(lm: PasskeyLM, lengths: Sequence[int], depths: Sequence[float] = DEFAULT_DEPTHS, *,
+                  trials: int = 5, seed: int = 0, threshold: float = 1.0,
+                  log: Callable[[str], None] = print) -> dict:
+    """Accuracy for every (length, depth); the effective context; records in the results style."""
+    for d in depths:
+        if not 0 <= d <= 1:
+            raise ConfigError(f"passkey depth {d} is outside [0, 1] (0: right after the intro, 1: right before "
+                              "the question)")
+    if trials < 1:
+        raise ConfigError(f"--trials must be >= 1, got {trials}")
+    records = []
+    for L in lengths:
+        try:
+            lm.set_length(L)
+        except PositionOutOfRange as e:
+            records += [{"length": L, "ratio": L / lm.train_len, "depth": d, "status": "n/a", "reason": str(e),
+                         "trials": 0, "correct": 0, "accuracy": None} for d in depths]
+            log(f"  {lm.name} L={L}: n/a ({e})")
+            continue
+        for d in depths:
+            rng = random.Random(f"{seed}:{L}:{d}")
+            correct = 0
+            keys = []
+            for _ in range(trials):
+                key = _key(rng)
+                keys.append(key)
+                correct += run_trial(lm, build_prompt(lm, L, d, key))
+            records.append({"length": L, "ratio": L / lm.train_len, "depth": d, "status": "ok", "reason": "",
+                            "trials": trials, "correct": correct, "accuracy": correct / trials, "keys": keys})
+        row = ", ".join(f"{r['depth']:g}: {r['correct']}/{r['trials']}" for r in records if r["length"] == L)
+        log(f"  {lm.name} L={L}: {row}")
+    return {"model": lm.name, "train_len": lm.train_len, "threshold": threshold, "seed": seed,
+            "effective_context": effective_context(records, threshold), "records": records}
+
+
+def effective_context(records: list[dict], threshold: float = 1.0) -> Optional[int]:
+    """The largest length whose accuracy is at least ``threshold`` at every depth (None if no length is)."""
+    good = [L for L in sorted({r["length"] for r in records})
+            if all(r["status"] == "ok" and r["accuracy"] >= threshold for r in records if r["length"] == L)]
+    return max(good) if good else None
+
+
+def markdown(result: dict) -> str:
+    from tabulate import tabulate
+
+    recs = result["records"]
+    lengths = sorted({r["length"] for r in recs})
+    depths = sorted({r["depth"] for r in recs})
+    T = result["train_len"]
+    rows = []
+    for d in depths:
+        row = [f"{d:g}"]
+        for L in lengths:
+            r = next(r for r in recs if r["length"] == L and r["depth"] == d)
+            row.append("n/a" if r["status"] != "ok" else f"{r['correct']}/{r['trials']}")
+        rows.append(row)
+    headers = ["depth"] + [f"{L / T:g}x ({L})" for L in lengths]
+    eff = result["effective_context"]
+    return (f"Passkey retrieval, {result['model']} (train length {T}): trials correct by depth and length\n\n"
+            + tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True,
+                       colalign=("left",) + ("right",) * len(lengths))
+            + f"\n\nEffective context (accuracy >= {result['threshold']:g} at every depth): "
+            + (f"{eff} tokens ({eff / T:g}x)" if eff else "none of the lengths tried") + "\n")
+
+
+def write(result: dict, out: Path | str, meta: dict) -> tuple[Path, Path]:
+    out = Path(out)
+    js, md = out / "passkey.json", out / "passkey.md"
+    atomic_write_json(js, {**meta, **result})
+    atomic_write_text(md, markdown(result))
+    return js, md
+
+
+def load_lm(model: str, *, encoding: Optional[str] = None, rope_scaling: Optional[str] = None, device: str = "cpu",
+            trust_remote_code: bool = False, train_len: Optional[int] = None) -> PasskeyLM:
+    """``hf:<...>`` -> a Hugging Face model with its tokenizer; else one of our checkpoint folders."""
+    if model.startswith("hf:"):
+        if encoding is not None:
+            raise ConfigError("--encoding names one of our encodings; for a Hugging Face model use --rope-scaling")
+        return HFPasskeyLM(model, rope_scaling=rope_scaling, device=device, trust_remote_code=trust_remote_code,
+                           train_len=train_len)
+    if rope_scaling is not None:
+        raise ConfigError(f"--rope-scaling applies to Hugging Face models; for a checkpoint use --encoding "
+                          f"(e.g. rope-{rope_scaling})")
+    if train_len is not None:
+        raise ConfigError("--train-len applies to Hugging Face models; a checkpoint knows its train length")
+    return CheckpointLM(model, encoding, device)
+
+
+class HFPasskeyLM:
+    """A Hugging Face causal LM and its own tokenizer (``posenc_bench.hf.model``); an optional RoPE scaling with
+    factor = prompt length / train length, applied through transformers' rope_parameters as `eval` does."""
+
+    def __init__(self, model: str, *, rope_scaling: Optional[str], device: str, trust_remote_code: bool,
+                 train_len: Optional[int]) -> None:
+        import contextlib
+
+        from posenc_bench.hf.model import HFModel, resolve_model
+        from posenc_bench.bench.sweep import resolve_device
+
+        spec = resolve_model(model)
+        self.hf = HFModel(spec, device=resolve_device(device), trust_remote_code=trust_remote_code)
+        self.train_len = train_len or self.hf.own_train_len()[0]
+        self.scaling = rope_scaling
+        if rope_scaling is not None and self.hf.rope_problem():
+            raise ConfigError(self.hf.rope_problem())
+        self.name = f"hf:{spec.name}" + (f"+{rope_scaling}" if rope_scaling else "")
+        self._stack = contextlib.ExitStack()
+        self.checkpoint_meta = {"model": self.hf.describe(), "rope_scaling": rope_scaling, "train_len": self.train_len}
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def prefix(self) -> list[int]:
+        """The special tokens the tokenizer puts before a text (BOS where it adds one), none of those after it."""
+        tok = self.hf.tokenizer
+        plain = tok("a", add_special_tokens=False)["input_ids"]
+        full = tok("a", add_special_tokens=True)["input_ids"]
+        starts = [i for i in range(len(full) - len(plain) + 1) if full[i : i + len(plain)] == plain]
+        return full[: starts[0]] if starts else []
+
+    def set_length(self, length: int) -> None:
+        from posenc_bench.hf.model import scaled_max_positions, scaling_parameters
+
+        limit = self.hf.position_limit()
+        if limit is not None and length > limit:
+            raise PositionOutOfRange(f"absolute position table of {limit} positions: no position {limit} or later")
+        self._stack.close()
+        if self.scaling is not None:
+            factor = max(1.0, length / self.train_len)
+            params = scaling_parameters(self.hf.rope_parameters(), self.scaling, factor, self.train_len)
+            self._stack.enter_context(self.hf.scaled(params, scaled_max_positions(self.scaling, factor, self.train_len)))
+
+    def logits(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.hf.model(input_ids=ids.to(self.hf.device)).logits[0].float()
+
+
+# ---- our own checkpoints ------------------------------------------------------------------------------------
+
+
+class CheckpointLM:
+    """A checkpoint written by `posenc-bench run` (byte tokens, BOS first), with its trained encoding or an
+    eval-only variant of it (e.g. rope-yarn on the rope checkpoint)."""
+
+    def __init__(self, path: Path | str, encoding: Optional[str] = None, device: str = "cpu") -> None:
+        from safetensors.torch import load_model
+
+        from posenc_bench import encodings
+        from posenc_bench.bench.config import RunConfig, _from_dict
+        from posenc_bench.data import BOS
+        from posenc_bench.model.transformer import DecoderLM
+        from posenc_bench.bench.sweep import resolve_device
+
+        path = Path(path)
+        try:
+            meta = json.loads((path / "config.json").read_text())
+            cfg: RunConfig = _from_dict(RunConfig, meta["config"], "")
+            trained, window = meta["encoding"], meta["window"]
+        except (OSError, json.JSONDecodeError, KeyError) as e:
+            raise ConfigError(f"{str(path)!r} is not a posenc-bench checkpoint folder ({e})") from None
+        name = encoding or trained
+        cls = encodings.get_class(name)
+        if name != trained and (cls.trained_as or name) != trained:
+            raise ConfigError(f"--encoding {name!r} does not evaluate the trained {trained!r} model; variants of it: "
+                              + ", ".join(n for n in encodings.available() if encodings.get_class(n).trained_as == trained))
+        if cls.finetuned and not meta.get("finetune"):
+            raise ConfigError(f"--encoding {name!r} is fine-tuned: give its own checkpoint "
+                              f"(checkpoints/{name}-seed<s>), not the {trained!r} one")
+        self.device = resolve_device(device)
+        self.model = DecoderLM(cfg.model, name, cfg.train.train_len, window=window, seed=0,
+                               max_mask_bytes=cfg.max_mask_bytes)
+        load_model(self.model, str(path / "model.safetensors"))
+        self.model.to(self.device).eval()
+        if meta.get("finetune"):
+            self.model.encoding.set_train_length(meta["finetune"]["len"])
+        self.name = name + (f"+sw{window}" if window else "") + f" ({path})"
+        self.train_len = cfg.train.train_len
+        self.bos = BOS
+        self.checkpoint_meta = {"path": str(path), "cell_key": meta.get("cell_key"), "encoding": name}
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def prefix(self) -> list[int]:
+        return [self.bos]
+
+    def set_length(self, length: int) -> None:
+        self.model.encoding.set_eval_length(length)
+
+    def logits(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(ids.to(self.device))[0].float()

@@ -1,0 +1,187 @@
+"""A sweep split over machines: ``run --shard i/n`` runs one part of the cells; ``merge`` joins the parts.
+
+Assignment. The cells of a sweep are (encoding row, seed). Cells that share one trained model (an eval-only
+variant such as rope-linear and the rope it evaluates, same window and seed) form one *training unit*, so
+no two shards ever train the same checkpoint. The units, sorted by (trained row, seed), are dealt
+round-robin: unit k goes to shard k mod n + 1. The assignment therefore depends only on the set of cells
+(encodings, window, seeds), never on the order they were listed in nor on any other flag (steps, device,
+out, ...); dealing rather than hashing keeps the shards within one unit of each other in size, which is
+what bounds the wall time of a SLURM array.
+
+Files. Shard i of n writes ``results.shard-<i>-of-<n>.json`` (the results.json schema plus ``run.shard``)
+and its cells' checkpoints into ``--out``, so all shards can share one folder on a shared filesystem.
+``merge`` reads those files (or whole results.json files of separate runs), refuses inputs made with
+different configs naming the first field that differs, reports missing cells, and writes results.json,
+results.csv, table.md and config.yaml as ``run`` does, records in the order an unsharded run writes them.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+from posenc_bench import encodings
+from posenc_bench.bench.config import IDENTITY_KEYS, RunConfig, parse_row, row_name
+from posenc_bench.errors import ConfigError
+from posenc_bench.bench.records import ResultsError, read_results
+
+SHARD_FILE = re.compile(r"results\.shard-(\d+)-of-(\d+)\.json")
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """'3/16' -> (3, 16): shard 3 of 16, counted from 1."""
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if not m:
+        raise ConfigError(f"--shard {text!r}: expected i/n, shard i of n counted from 1, e.g. 3/16")
+    i, n = int(m.group(1)), int(m.group(2))
+    if n < 1 or not 1 <= i <= n:
+        raise ConfigError(f"--shard {text!r}: expected i/n with n >= 1 and 1 <= i <= n, e.g. 3/16 (shards 1/{max(n, 1)} .. "
+                          f"{max(n, 1)}/{max(n, 1)})")
+    return i, n
+
+
+def shard_file(index: int, count: int) -> str:
+    return f"results.shard-{index}-of-{count}.json"
+
+
+def training_unit(row: str, seed: int) -> tuple[str, int]:
+    """The (trained row, seed) whose checkpoint a cell evaluates: rope-linear+sw64 -> ('rope+sw64', seed)."""
+    name, window = parse_row(row)
+    return row_name(encodings.get_class(name).trained_as or name, window), seed
+
+
+def shard_cells(cells: list[tuple[str, int]], index: int, count: int) -> list[tuple[str, int]]:
+    """The cells of shard ``index`` of ``count``, in the order of ``cells``."""
+    units = sorted({training_unit(row, seed) for row, seed in cells})
+    mine = {u for k, u in enumerate(units) if k % count == index - 1}
+    return [c for c in cells if training_unit(*c) in mine]
+
+
+def shard_meta(cfg: RunConfig, index: int, count: int) -> dict:
+    return {"index": index, "count": count, "cells": [list(c) for c in shard_cells(cfg.cells(), index, count)],
+            "all_cells": [list(c) for c in cfg.cells()]}
+
+
+# ---- merge ---------------------------------------------------------------------------------------------
+
+def find_inputs(paths: list[str]) -> list[Path]:
+    """Result files to merge: a file as given; a folder's shard files, or its results.json if it has none."""
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_file():
+            files.append(p)
+        elif p.is_dir():
+            shards = sorted((f for f in p.iterdir() if SHARD_FILE.fullmatch(f.name)),
+                            key=lambda f: tuple(int(x) for x in SHARD_FILE.fullmatch(f.name).groups()[::-1]))
+            if shards:
+                files.extend(shards)
+            elif (p / "results.json").is_file():
+                files.append(p / "results.json")
+            else:
+                raise ResultsError(f"{str(p)!r} holds no results.shard-<i>-of-<n>.json and no results.json")
+        else:
+            raise ResultsError(f"{str(p)!r} is not a results file or a folder")
+    unique = list(dict.fromkeys(f.resolve() for f in files))
+    if not unique:
+        raise ResultsError("nothing to merge: give one or more shard folders or results files")
+    return unique
+
+
+def first_difference(a: Any, b: Any, where: str = "") -> Optional[tuple[str, Any, Any]]:
+    """The dotted path of the first field where ``a`` and ``b`` differ (None if equal)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in list(a) + [k for k in b if k not in a]:
+            d = first_difference(a.get(key), b.get(key), f"{where}.{key}" if where else key)
+            if d is not None:
+                return d
+        return None
+    return None if a == b else (where, a, b)
+
+
+def _identity(run: dict) -> dict:
+    """What must be equal for records of two files to belong to one table."""
+    cfg = run["config"]
+    ident = {k: cfg.get(k) for k in IDENTITY_KEYS}
+    ident["eval"] = {k: v for k, v in cfg.get("eval", {}).items() if k != "batch_tokens"}
+    ident["eval_lengths"] = run["eval_lengths"]
+    ident["eval_fingerprint"] = run["eval_fingerprint"]
+    ident["corpus_fingerprint"] = run["corpus"]["fingerprint"]
+    return ident
+
+
+def _expected_cells(run: dict) -> list[tuple[str, int]]:
+    if "shard" in run:
+        return [tuple(c) for c in run["shard"]["all_cells"]]
+    return [(row, seed) for row in run["rows"] for seed in run["config"]["seeds"]]
+
+
+def merge_results(files: list[Path], out: Optional[Path] = None) -> tuple[dict, list[str], list[str]]:
+    """(merged results, missing cells as "rope seed 1", missing shard files). Raises ResultsError for inputs
+    that do not belong together."""
+    datas = [read_results(f) for f in files]
+    ref_file, ref = files[0], datas[0]
+    counts = {d["run"]["shard"]["count"] for d in datas if "shard" in d["run"]}
+    if len(counts) > 1:
+        raise ResultsError(f"shard files of different splits ({' and '.join(f'n={n}' for n in sorted(counts))}); "
+                           "merge the shards of one --shard i/n split")
+    for f, d in zip(files[1:], datas[1:]):
+        diff = first_difference(_identity(ref["run"]), _identity(d["run"]))
+        if diff is not None:
+            field, a, b = diff
+            raise ResultsError(f"{str(f)!r} was made with a different config than {str(ref_file)!r}: "
+                               f"{field} is {b!r} there and {a!r} in the first; merge only shards of one config")
+        if "shard" in d["run"] and "shard" in ref["run"] and (
+                {tuple(c) for c in d["run"]["shard"]["all_cells"]} != {tuple(c) for c in ref["run"]["shard"]["all_cells"]}):
+            diff = first_difference({k: ref["run"]["config"][k] for k in ("encodings", "window", "seeds")},
+                                    {k: d["run"]["config"][k] for k in ("encodings", "window", "seeds")})
+            field = diff[0] if diff else "encodings"
+            raise ResultsError(f"{str(f)!r} is a shard of another sweep than {str(ref_file)!r} (its {field} differ: "
+                               "other cells); merge only shards of one config")
+    lengths = set(ref["run"]["eval_lengths"])
+
+    expected = list(dict.fromkeys(c for d in datas for c in _expected_cells(d["run"])))
+    cells: dict[tuple[str, int], list[dict]] = {}
+    source: dict[tuple[str, int], Path] = {}
+    for f, d in zip(files, datas):
+        by_cell: dict[tuple[str, int], list[dict]] = {}
+        for r in d["records"]:
+            by_cell.setdefault((r["encoding"], r["seed"]), []).append(r)
+        for cell, recs in by_cell.items():
+            if {r["eval_len"] for r in recs} < lengths:
+                continue  # unfinished: counts as missing unless another input has it
+            if cell in cells:
+                a, b = cells[cell][0], recs[0]
+                if (a["cell_key"], a["eval_key"]) != (b["cell_key"], b["eval_key"]):
+                    raise ResultsError(f"cell {cell[0]} seed {cell[1]} is in {str(source[cell])!r} and {str(f)!r} "
+                                       "with different training or evaluation; merge only shards of one config")
+                continue
+            cells[cell], source[cell] = sorted(recs, key=lambda r: r["eval_len"]), f
+            if cell not in expected:
+                expected.append(cell)
+
+    missing = [f"{row} seed {seed}" for row, seed in expected if (row, seed) not in cells]
+    shard_runs = [d["run"]["shard"] for d in datas if "shard" in d["run"]]
+    absent: list[str] = []
+    if shard_runs:
+        n = shard_runs[0]["count"]
+        absent = [shard_file(i, n) for i in sorted(set(range(1, n + 1)) - {s["index"] for s in shard_runs})]
+
+    order = {c: k for k, c in enumerate(expected)}
+    run = copy.deepcopy(ref["run"])
+    run.pop("shard", None)
+    present = [c for c in expected if c in cells]
+    run["rows"] = list(dict.fromkeys(row for row, _ in present))
+    run["config"]["encodings"] = list(dict.fromkeys(
+        e for d in datas for e in d["run"]["config"]["encodings"]))
+    run["config"]["seeds"] = sorted({s for d in datas for s in d["run"]["config"]["seeds"]})
+    if out is not None:
+        run["config"]["out"] = str(out)
+    run["merged_from"] = [
+        {"file": str(f), "shard": (f"{d['run']['shard']['index']}/{d['run']['shard']['count']}" if "shard" in d["run"] else None),
+         "device": d["run"]["device"], "git_commit": d["run"]["git_commit"], "started": d["run"]["started"]}
+        for f, d in zip(files, datas)
+    ]
+    records = [r for c in sorted(cells, key=order.__getitem__) for r in cells[c]]
+    return {"schema_version": ref["schema_version"], "run": run, "records": records}, missing, absent

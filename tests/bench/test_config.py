@@ -1,0 +1,109 @@
+import pytest
+
+from posenc_bench.bench.config import RunConfig, load_config, parse_eval_lens, parse_row
+from posenc_bench.errors import ConfigError, UnknownEncodingError
+
+
+@pytest.mark.parametrize("spec,expected", [
+    ("1,1.5,2,4x", [128, 192, 256, 512]),
+    ("4096", [128, 4096]),
+    ("2x", [128, 256]),
+    ("2x,300", [128, 256, 300]),
+    (["1x", "1.5x", "2x", "4x"], [128, 192, 256, 512]),
+    ("64", [64, 128]),
+])
+def test_eval_lens(spec, expected):
+    assert parse_eval_lens(spec, 128) == expected
+
+
+@pytest.mark.parametrize("bad,match", [("0", "at least 1"), ("-2x", "at least 1"), ("abc", "not a number"),
+                                       ("1.5", "whole number"), ("0.001x", "at least 1"),
+                                       ("300,2x", "put the multiples first")])
+def test_bad_eval_lens(bad, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_eval_lens(bad, 128)
+
+
+def test_shipped_configs_load():
+    for name in ("default", "ci", "long-2048"):
+        cfg = load_config(f"configs/{name}.yaml")
+        assert cfg.eval_lengths()[0] == cfg.train.train_len
+
+
+def test_default_yaml_equals_built_in_defaults():
+    assert load_config("configs/default.yaml").to_dict() == {**RunConfig().to_dict(), "out": "results/default"}
+
+
+def test_unknown_key_names_the_valid_keys():
+    with pytest.raises(ConfigError, match=r"unknown config key train\.learning_rate; valid keys of train: .*lr"):
+        load_config(None, {"train.learning_rate": 1e-3})
+    with pytest.raises(ConfigError, match="must be int"):
+        load_config(None, {"train.steps": "many"})
+
+
+def test_overrides_win_over_the_file():
+    cfg = load_config("configs/ci.yaml", {"train.steps": 7, "encodings": ["rope"]})
+    assert cfg.train.steps == 7 and cfg.encodings == ["rope"] and cfg.model.d_model == 64
+
+
+def test_rows_with_windows():
+    assert parse_row("rope+sw64") == ("rope", 64)
+    with pytest.raises(ConfigError, match="sw<window>"):
+        parse_row("rope+w64")
+    with pytest.raises(UnknownEncodingError, match="valid encodings"):
+        parse_row("ropey+sw4")
+    cfg = load_config(None, {"encodings": ["rope", "alibi+sw32"], "window": 16})
+    assert cfg.rows() == ["rope+sw16", "alibi+sw32"]
+
+
+def test_missing_config_file():
+    with pytest.raises(ConfigError, match="not found"):
+        load_config("configs/nope.yaml")
+
+
+@pytest.mark.parametrize("overrides,match", [
+    ({"window": "sixty"}, "window must be int"),
+    ({"threads": 0}, "threads must be >= 1"),
+    ({"train.log_every": 0}, "log_every must be >= 1"),
+    ({"train.grad_clip": 0}, "grad_clip must be a positive number"),
+    ({"train.betas": [0.9, 2]}, "betas must be two numbers"),
+    ({"train.betas": "0.9,x"}, r"train.betas\[1\] must be float"),
+    ({"model.vocab_size": 100}, "vocab_size must be at least 257"),
+    ({"model.encoding_options": {"rope": [1]}}, "must be a mapping of options"),
+    ({"model.encoding_options": {"rope-linear": {"theta": 5e5}}}, "rope-linear.theta: 'rope-linear' evaluates the trained 'rope' model and takes its theta; set it under model.encoding_options.rope"),
+    ({"model.encoding_options": {"t5": {"num_buckets": 1}}}, "num_buckets >= 2"),
+    ({"model.encoding_options": {"t5": {"num_buckets": 32, "max_distance": 10}}}, "max_distance > num_buckets"),
+    ({"model.encoding_options": {"rope": {"theta": "lots"}}}, "must be a number"),
+])
+def test_values_that_would_crash_later_are_refused_up_front(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config("configs/ci.yaml", overrides)
+
+
+def test_yaml_strings_are_coerced_to_numbers():
+    cfg = load_config("configs/ci.yaml", {"window": 64.0, "train.betas": "0.9,0.99", "train.grad_clip": "1e9",
+                                          "model.encoding_options": {"rope": {"theta": "1e6"}}})
+    assert cfg.window == 64 and cfg.rows()[0].endswith("+sw64")
+    assert cfg.train.betas == [0.9, 0.99] and cfg.train.grad_clip == 1e9
+    from posenc_bench.model.transformer import build_encoding
+
+    assert build_encoding(cfg.model, "rope", 64).theta == 1e6
+
+
+def test_plugins_register_encodings_from_another_package(tmp_path, monkeypatch):
+    from posenc_bench import encodings
+
+    (tmp_path / "my_posenc_plugin.py").write_text(
+        "from posenc_bench.encodings import register\n"
+        "from posenc_bench.encodings.nope import NoPE\n\n"
+        "@register('my-nope')\n"
+        "class MyNoPE(NoPE):\n"
+        "    summary = 'a project\\'s own encoding, registered from outside posenc_bench'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(encodings, "REGISTRY", dict(encodings.REGISTRY))  # leave the real registry alone
+    with pytest.raises(UnknownEncodingError, match="unknown encoding 'my-nope'"):
+        load_config(None, {"encodings": ["my-nope"]})
+    cfg = load_config(None, {"plugins": ["my_posenc_plugin"], "encodings": ["rope", "my-nope"]})
+    assert cfg.rows() == ["rope", "my-nope"] and "my-nope" in encodings.available()
+    with pytest.raises(ConfigError, match="plugin module 'no_such_module' .* could not be imported: ModuleNotFoundError"):
+        load_config(None, {"plugins": ["no_such_module"]})

@@ -1,0 +1,122 @@
+import math
+
+import pytest
+import torch
+
+from posenc_bench.bench.evaluate import evaluate_length, segment_length, windows
+
+
+def segments(n=3, S=24, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 257, (n, S + 1), generator=g)
+
+
+def test_segment_length_is_a_common_multiple_when_reasonable():
+    assert segment_length([128, 192, 256, 512]) == 1536
+    assert segment_length([2048, 4096]) == 4096
+    assert segment_length([1000, 1001]) == 1001  # lcm too large: longest length, partial windows
+
+
+@pytest.mark.parametrize("length", [1, 5, 8, 12, 24])
+def test_every_length_scores_exactly_the_same_targets(length):
+    seg = segments()
+    got = torch.cat([t for _, t, _ in windows(seg, length)], dim=1)  # targets in order
+    assert torch.equal(got, seg[:, 1:])
+    for inp, tgt, first in windows(seg, length):
+        assert inp.shape == tgt.shape and inp.shape[1] <= length and first == 0
+
+
+@pytest.mark.parametrize("length, stride", [(8, 1), (8, 3), (8, 5), (12, 4), (24, 7)])
+def test_strided_windows_score_every_target_once_with_enough_context(length, stride):
+    seg = segments()
+    parts = windows(seg, length, stride)
+    got = torch.cat([t[:, first:] for _, t, first in parts], dim=1)  # the scored targets, in order
+    assert torch.equal(got, seg[:, 1:])  # every target exactly once
+    for k, (inp, tgt, first) in enumerate(parts):
+        assert inp.shape == tgt.shape and inp.shape[1] == length  # full-length windows
+        assert torch.equal(inp[:, 1:], tgt[:, :-1])  # inputs and targets are the same text, shifted by one
+        if k == 0:
+            assert first == 0
+        else:  # the scored targets see at least length - stride tokens of this window before them
+            assert length - stride <= first < length
+
+
+def test_stride_of_the_length_is_the_non_overlapping_protocol():
+    seg = segments()
+    model = Bigram()
+    plain = evaluate_length(model, seg, 8, batch_tokens=64)
+    for stride in (8, 100):
+        same = evaluate_length(model, seg, 8, batch_tokens=64, stride=stride)
+        assert same["loss"] == plain["loss"] and same["loss_by_position"] == plain["loss_by_position"]
+    strided = evaluate_length(model, seg, 8, batch_tokens=64, stride=3)
+    # a context-free model: the same targets give the same total loss whatever the windows
+    assert strided["tokens"] == plain["tokens"] and strided["loss"] == pytest.approx(plain["loss"], rel=1e-12)
+    assert strided["bytes"] == plain["bytes"]
+    first_bucket = strided["loss_by_position"][0]
+    assert first_bucket["tokens"] == seg.shape[0]  # position 0 is scored in the first window only
+
+
+class Bigram(torch.nn.Module):
+    """A context-free model with known log-probabilities, for a hand computation."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(1)
+        self.table = torch.randn(257, 257, generator=g)
+
+    def forward(self, idx):
+        return self.table[idx]
+
+
+def test_ppl_is_token_weighted_and_matches_a_hand_computation():
+    seg = segments()
+    model = Bigram()
+    logp = model.table.log_softmax(-1)
+    inputs, targets = seg[:, :-1].flatten(), seg[:, 1:].flatten()
+    hand = -sum(float(logp[i, t]) for i, t in zip(inputs.tolist(), targets.tolist())) / targets.numel()
+    for length in (8, 5, 24):  # a bigram's context is one token, so every length gives the same ppl
+        res = evaluate_length(model, seg, length, batch_tokens=7)
+        assert res["tokens"] == targets.numel()
+        assert res["loss"] == pytest.approx(hand, rel=1e-9)
+        assert res["ppl"] == pytest.approx(math.exp(hand), rel=1e-9)
+        n_bytes = int((targets < 256).sum())
+        assert res["bytes"] == n_bytes
+        assert res["bpb"] == pytest.approx(hand * targets.numel() / math.log(2) / n_bytes, rel=1e-9)
+
+
+def test_uniform_model_has_ppl_equal_to_vocabulary():
+    res = evaluate_length(lambda idx: torch.zeros(*idx.shape, 257), segments(), 6)
+    assert res["ppl"] == pytest.approx(257.0, rel=1e-6)  # float32 log-softmax
+
+
+def test_loss_by_position_buckets():
+    seg = segments(n=2, S=16)
+    res = evaluate_length(Bigram(), seg, 8, buckets=4, bucket_span=16)
+    spans = [(b["start"], b["end"]) for b in res["loss_by_position"]]
+    assert spans == [(0, 4), (4, 8)]  # only positions < 8 exist at length 8
+    assert sum(b["tokens"] for b in res["loss_by_position"]) == res["tokens"]
+    weighted = sum(b["loss"] * b["tokens"] for b in res["loss_by_position"]) / res["tokens"]
+    assert weighted == pytest.approx(res["loss"], rel=1e-9)
+
+
+def test_matches_transformers_own_loss():
+    """Our ppl on a tiny Llama equals exp of transformers' loss on the same windows (token-weighted)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=257, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+    model = LlamaForCausalLM(cfg).eval()
+    seg = segments(n=2, S=30)
+    length = 12  # windows of 12, 12 and a partial 6
+    ours = evaluate_length(lambda idx: model(idx).logits, seg, length)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, 30, length):
+            end = min(30, start + length)
+            ids = seg[:, start : end + 1]  # transformers shifts labels itself
+            n = ids.shape[0] * (ids.shape[1] - 1)
+            total += float(model(ids, labels=ids).loss) * n
+            count += n
+    assert ours["tokens"] == count
+    assert ours["ppl"] == pytest.approx(math.exp(total / count), rel=1e-4)

@@ -1,0 +1,103 @@
+import math
+
+import pytest
+import torch
+
+from posenc_bench.bench.config import TrainConfig
+from posenc_bench.data import TrainBatches
+from posenc_bench.model.transformer import DecoderLM, ModelConfig
+from posenc_bench.bench.train import lr_at, train
+
+
+def test_schedule_warms_up_then_decays_to_the_floor():
+    kw = dict(lr=1.0, warmup=10, total=110, min_ratio=0.1)
+    assert lr_at(0, **kw) == pytest.approx(0.1)
+    assert lr_at(9, **kw) == pytest.approx(1.0)
+    assert lr_at(60, **kw) == pytest.approx(0.55)
+    assert lr_at(110, **kw) == pytest.approx(0.1)
+    assert all(lr_at(s, **kw) >= lr_at(s + 1, **kw) for s in range(10, 120))
+
+
+def _stream():
+    g = torch.Generator().manual_seed(0)
+    # a learnable stream: a repeating pattern with noise
+    base = torch.arange(20000) % 37
+    return torch.where(torch.rand(20000, generator=g) < 0.1, torch.randint(0, 256, (20000,), generator=g), base).to(torch.int16)
+
+
+def _run(encoding="rope", **overrides):
+    cfg = TrainConfig(train_len=16, batch_size=8, steps=30, lr=3e-3, warmup_steps=5, log_every=10)
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    model = DecoderLM(ModelConfig(d_model=32, n_layers=1, n_heads=2), encoding, 16, seed=0)
+    out = train(model, TrainBatches(_stream(), 16, 8, seed=0), cfg, device=torch.device("cpu"), show_progress=False)
+    return model, out
+
+
+def test_training_learns_and_is_deterministic():
+    m1, a = _run()
+    m2, b = _run()
+    assert a.status == "ok" and a.steps == 30
+    assert a.curve == b.curve
+    assert all(torch.equal(p, q) for p, q in zip(m1.state_dict().values(), m2.state_dict().values()))
+    assert a.curve[-1][1] < a.curve[0][1] - 0.5
+    assert a.tokens_per_s > 0
+
+
+def test_divergence_is_recorded_with_the_last_finite_loss():
+    _, out = _run(lr=50.0, warmup_steps=1, grad_clip=1e9)
+    assert out.status == "diverged"
+    assert out.final_loss is None
+    assert out.last_finite_loss is not None and math.isfinite(out.last_finite_loss)
+    assert "diverged at step" in out.reason and "last finite loss" in out.reason
+
+
+def test_bf16_autocast_path_runs_on_cpu():
+    cfg = TrainConfig(train_len=16, batch_size=4, steps=3, warmup_steps=1, log_every=1)
+    model = DecoderLM(ModelConfig(d_model=32, n_layers=1, n_heads=2), "alibi", 16)
+    out = train(model, TrainBatches(_stream(), 16, 4, 0), cfg, device=torch.device("cpu"),
+                autocast_dtype=torch.bfloat16, show_progress=False)
+    assert out.status == "ok" and len(out.curve) == 3
+
+
+def test_interrupted_training_resumes_to_the_uninterrupted_result(tmp_path):
+    cfg = TrainConfig(train_len=16, batch_size=8, steps=30, lr=3e-3, warmup_steps=5, log_every=4)
+    model_cfg = ModelConfig(d_model=32, n_layers=1, n_heads=2)
+    state = tmp_path / "train_state.pt"
+
+    ref_model = DecoderLM(model_cfg, "t5", 16, seed=0)
+    ref = train(ref_model, TrainBatches(_stream(), 16, 8, seed=0), cfg, device=torch.device("cpu"), show_progress=False)
+
+    class Interrupt(Exception):
+        pass
+
+    batches = TrainBatches(_stream(), 16, 8, seed=0)
+    real_next, calls = batches.next, []
+
+    def next_or_stop():
+        calls.append(1)
+        if len(calls) == 23:  # interrupted in step 22, after the save at step 20
+            raise Interrupt
+        return real_next()
+
+    batches.next = next_or_stop
+    with pytest.raises(Interrupt):
+        train(DecoderLM(model_cfg, "t5", 16, seed=0), batches, cfg, device=torch.device("cpu"), show_progress=False,
+              state_path=state, save_every=10, state_key="k")
+    assert torch.load(state, weights_only=True)["step"] == 20
+
+    logs = []
+    model = DecoderLM(model_cfg, "t5", 16, seed=0)
+    out = train(model, TrainBatches(_stream(), 16, 8, seed=0), cfg, device=torch.device("cpu"), show_progress=False,
+                state_path=state, save_every=10, state_key="k", log=logs.append)
+    assert logs and "resuming from step 20" in logs[0]
+    assert out.curve == ref.curve and out.status == "ok"
+    for (name, p), q in zip(model.state_dict().items(), ref_model.state_dict().values()):
+        assert torch.equal(p, q), name
+
+    # a state saved under another key (another config) is ignored
+    logs.clear()
+    train(DecoderLM(model_cfg, "t5", 16, seed=0), TrainBatches(_stream(), 16, 8, seed=0), cfg,
+          device=torch.device("cpu"), show_progress=False, state_path=state, save_every=0, state_key="other",
+          log=logs.append)
+    assert logs == []
