@@ -11,6 +11,7 @@ import torch
 from posenc_bench.bench.config import TrainConfig
 from posenc_bench.data import TrainBatches
 from posenc_bench.model.transformer import DecoderLM, ModelConfig
+from posenc_bench.bench.runtime import Runtime
 from posenc_bench.bench.train import train
 
 STEPS = 2
@@ -25,8 +26,8 @@ def test_train_steps_with_grad_accum(benchmark, grad_accum):
 
     def run():
         model = DecoderLM(ModelConfig(), "rope", 128, seed=0)
-        return train(model, TrainBatches(stream, 128, 16, seed=0), cfg, device=torch.device("cpu"),
-                     show_progress=False, grad_accum=grad_accum)
+        return train(model, TrainBatches(stream, 128, 16, seed=0), cfg,
+                     Runtime(torch.device("cpu"), show_progress=False), grad_accum=grad_accum)
 
     out = benchmark.pedantic(run, rounds=3, iterations=1)
     assert out.status == "ok" and out.steps == STEPS

@@ -29,10 +29,11 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from posenc_bench.errors import PosencError
-from posenc_bench.bench.records import ResultsError, atomic_write_json, atomic_write_text, read_results
+from posenc_bench.bench.records import ResultsError, differences, read_results
+from posenc_bench.files import atomic_write_json, atomic_write_text
 
 PASS, FAIL = 0, 1
 
@@ -109,42 +110,10 @@ def _describe(c: Check) -> str:
 # ----------------------------------------------------------------------------------------- comparable?
 
 
-IGNORED = {  # settings that do not change a number, or are compared another way (eval.lens: as eval lengths)
-    "config.out", "config.device", "config.threads", "config.max_mask_bytes", "config.save_every",
-    "config.eval.batch_tokens", "config.eval.lens", "config.encodings", "config.seeds", "config.gate", "config.train.log_every", "config.plugins", "config.grad_accum",
-}
-
-
-def _leaves(value: Any, prefix: str) -> dict[str, Any]:
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            out.update(_leaves(v, f"{prefix}.{k}"))
-        return out
-    return {prefix: value}
-
-
 def incomparable(baseline_run: dict, current_run: dict) -> list[str]:
-    """The fields that differ between two runs' metadata, as 'field: baseline X, current Y'."""
-    def facts(run: dict) -> dict[str, Any]:
-        out = _leaves(run.get("config", {}), "config")
-        out["corpus fingerprint"] = run.get("corpus", {}).get("fingerprint")
-        out["eval fingerprint"] = run.get("eval_fingerprint")
-        out["eval lengths"] = run.get("eval_lengths")
-        out["tokenizer"] = run.get("tokenizer", "bytes")
-        return {k: v for k, v in out.items() if not any(k == i or k.startswith(i + ".") for i in IGNORED)}
-
-    from posenc_bench.bench.config import RunConfig
-
-    # a setting added to the config after a baseline was made is absent there: its default is what it ran with
-    defaults = _leaves(RunConfig().to_dict(), "config")
-    b, c = facts(baseline_run), facts(current_run)
-    diffs = []
-    for key in list(b) + [k for k in c if k not in b]:
-        bv, cv = b.get(key, defaults.get(key, "(absent)")), c.get(key, defaults.get(key, "(absent)"))
-        if bv != cv:
-            diffs.append(f"{key.removeprefix('config.')}: baseline {bv!r}, current {cv!r}")
-    return diffs
+    """The fields that differ between two runs' metadata (the one identity rule, ``bench.records``), as
+    'field: baseline X, current Y'."""
+    return [f"{field}: baseline {b!r}, current {c!r}" for field, b, c in differences(baseline_run, current_run)]
 
 
 # ---------------------------------------------------------------------------------------------- compare

@@ -8,7 +8,6 @@ skipped, with the reason, when the checkpoint is not there.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Callable, Sequence
@@ -215,17 +214,17 @@ def _bias_encoding(run: Run, name: str) -> tuple[encodings.Encoding | None, str]
                   key=lambda r: r["seed"])
     if not recs:
         return None, f"no ok {name!r} record"
-    ckpt = Path(run.path if Path(run.path).is_dir() else Path(run.path).parent) / "checkpoints" / f"{name}-seed{recs[0]['seed']}"
-    try:
-        meta = json.loads((ckpt / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None, f"its bias is learned and there is no checkpoint at {ckpt}"
-    if meta.get("cell_key") != recs[0].get("cell_key"):
-        return None, f"the checkpoint at {ckpt} is from a different config than the results"
-    from safetensors.torch import load_file
+    from posenc_bench.bench import checkpoint
 
-    state = load_file(str(ckpt / "model.safetensors"))
-    enc.load_state_dict({k.removeprefix("encoding."): v for k, v in state.items() if k.startswith("encoding.")})
+    ckpt = checkpoint.checkpoint_dir(Path(run.path if Path(run.path).is_dir() else Path(run.path).parent), name, None,
+                                     recs[0]["seed"])
+    try:
+        found = checkpoint.read(ckpt)
+        if found.meta.get("cell_key") != recs[0].get("cell_key"):
+            return None, f"the checkpoint at {ckpt} is from a different config than the results"
+        enc.load_state_dict(checkpoint.encoding_state(ckpt))
+    except checkpoint.CheckpointError:
+        return None, f"its bias is learned and there is no checkpoint at {ckpt}"
     return enc, ""
 
 

@@ -22,7 +22,8 @@ import pandas as pd
 from tabulate import tabulate
 
 from posenc_bench.errors import PosencError
-from posenc_bench.bench.records import atomic_write_text, read_results
+from posenc_bench.bench.records import read_results
+from posenc_bench.files import atomic_write_text
 
 VALUES = ("ppl", "bpb", "ratio", "training")
 DEFAULT_VALUES = ("ppl", "ratio", "training")
@@ -269,6 +270,16 @@ def _commits(run: dict, records: Optional[list[dict]]) -> str:
     return "commits " + "; ".join(f"{c} ({', '.join(rows)})" for c, rows in by_commit.items())
 
 
+def _params(run: dict, records: Optional[list[dict]], digits: Optional[int] = None) -> str:
+    """The parameter count of the models behind the rows: one number, or the range when rows differ
+    (learned and T5 add their own parameters); older results carry only the run's one count."""
+    counts = sorted({r["params"] for r in records or [] if r.get("params")}) or [run.get("params")]
+    if counts == [None]:
+        return "?"
+    shown = [f"{c / 1e6:.{digits}f}M" if digits is not None else f"{c:,}" for c in (counts[0], counts[-1])]
+    return shown[0] if len(counts) == 1 else f"{shown[0]}-{shown[1]}"
+
+
 def caption(run: dict, records: Optional[list[dict]] = None) -> str:
     if run.get("kind") == "eval" and run["model"].get("kind") == "hf":
         return hf_caption(run)
@@ -276,7 +287,7 @@ def caption(run: dict, records: Optional[list[dict]] = None) -> str:
     m, t = cfg["model"], cfg["train"]
     seeds = cfg["seeds"]
     return (
-        f"Byte-level LM, {run.get('params', '?'):,} parameters ({m['n_layers']} layers, width {m['d_model']}, "
+        f"Byte-level LM, {_params(run, records)} parameters ({m['n_layers']} layers, width {m['d_model']}, "
         f"{m['n_heads']} heads), trained {t['steps']} steps x {t['batch_size']} x {t['train_len']} tokens "
         f"(lr {t['lr']:g}); corpus {run['corpus']['source']} ({run['corpus']['fingerprint']}), "
         f"{run['eval_tokens']:,} {cfg['eval']['split']} tokens scored at every length "
@@ -305,7 +316,7 @@ def short_caption(run: dict, records: Optional[list[dict]] = None) -> str:
     commits = list(dict.fromkeys(_short_commit(r.get("git_commit") or run["git_commit"]) for r in records or []))
     commit = ("commits " + ", ".join(commits)) if len(commits) > 1 else f"commit {_short_commit(run['git_commit'])}"
     return (
-        f"{run.get('params', 0) / 1e6:.2f}M params ({m['n_layers']}L, d{m['d_model']}, {m['n_heads']}H), "
+        f"{_params(run, records, 2)} params ({m['n_layers']}L, d{m['d_model']}, {m['n_heads']}H), "
         f"train len {t['train_len']}, {t['steps']} steps x {t['batch_size']}; seeds "
         f"{','.join(map(str, cfg['seeds']))}\ncorpus {run['corpus']['source']} ({run['corpus']['fingerprint']}), "
         f"{run['eval_tokens']:,} tokens per length{_protocol(cfg)}; {run['device']}; {commit}"
@@ -538,6 +549,12 @@ def write_report(text: str, out: str | Path) -> None:
 
 
 # ------------------------------------------------------------- what `run` writes beside results.json
+
+
+def write_tables(out: Path | str, data: dict) -> None:
+    """results.csv and table.md of a results folder, from its results (``run``, ``eval`` and ``merge`` write them)."""
+    atomic_write_text(Path(out) / "results.csv", results_csv(data))
+    atomic_write_text(Path(out) / "table.md", results_markdown(data))
 
 
 def results_markdown(data: dict) -> str:

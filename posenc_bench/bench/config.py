@@ -7,9 +7,7 @@ ConfigError naming the key or value and the valid choices.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib
-import json
 import math
 import typing
 from dataclasses import asdict, dataclass, field
@@ -24,8 +22,6 @@ from posenc_bench.data import VOCAB_SIZE
 from posenc_bench.model.transformer import ModelConfig
 
 DEFAULT_EVAL_LENS = ["1x", "1.5x", "2x", "4x"]
-# Config sections that must match for records in one output folder (or merged shards) to belong to one table.
-IDENTITY_KEYS = ("model", "train", "data", "window", "precision")
 
 
 @dataclass
@@ -405,51 +401,3 @@ def validate_gate(g: GateConfig) -> None:
         if not isinstance(values, dict):
             raise ConfigError(f"gate.per_encoding.{row} must be a mapping like {{ratio_tol: 0.05}}, got {values!r}")
         check(values, f"gate.per_encoding.{row}")
-
-
-# ---- identity of a cell --------------------------------------------------------------------------------
-
-def cell_key(cfg: RunConfig, trained_encoding: str, window: Optional[int], seed: int, corpus_fingerprint: str) -> str:
-    """Hash of everything that determines a trained model's weights: reuse a checkpoint only on a match.
-
-    Includes the corpus fingerprint (the documents themselves, not just the source name), the precision and
-    the package version, so changed data or code never silently reuses an old checkpoint.
-    """
-    from posenc_bench import __version__
-
-    model = asdict(cfg.model)  # an eval-only variant's own options change no trained weights
-    model["encoding_options"] = {k: v for k, v in model["encoding_options"].items()
-                                 if not encodings.get_class(k).trained_as}
-    ident = {
-        "encoding": trained_encoding,
-        "window": window,
-        "seed": seed,
-        "model": model,
-        "train": asdict(cfg.train),
-        "data": asdict(cfg.data),
-        "corpus": corpus_fingerprint,
-        "precision": cfg.precision,
-        "version": __version__,
-    }
-    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def finetune_key(base_key: str, cfg: RunConfig, encoding: str) -> str:
-    """Hash of what determines a fine-tuned model: the trained model's key, the row, its own options and the
-    resolved fine-tuning."""
-    ident = {"base": base_key, "encoding": encoding, "options": cfg.model.encoding_options.get(encoding, {}),
-             "finetune": asdict(cfg.finetune_plan())}
-    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def eval_key(cfg: RunConfig) -> str:
-    """Hash of the evaluation settings that change a number (not the batch size)."""
-    ident = {k: v for k, v in asdict(cfg.eval).items() if k != "batch_tokens"}
-    if ident["protocol"] == "nonoverlapping":  # the default protocol keeps the keys results were made with
-        del ident["protocol"], ident["stride"]
-    ident["lengths"] = cfg.eval_lengths()
-    ident["precision"] = cfg.precision
-    variants = {k: v for k, v in cfg.model.encoding_options.items() if encodings.get_class(k).trained_as}
-    if variants:  # eval-only variants' own options (e.g. a fixed RoPE scaling factor) change eval numbers
-        ident["variant_options"] = variants
-    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -70,20 +71,28 @@ def logits_nll(forward: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[tor
     return nll
 
 
+@dataclass(frozen=True)
+class Scoring:
+    """How windows are batched and reported: tokens per forward pass, loss-by-position buckets over
+    [0, bucket_span) (default: the length itself), and the strided protocol's stride (None: non-overlapping)."""
+
+    batch_tokens: int = 16384
+    buckets: int = 64
+    bucket_span: Optional[int] = None
+    stride: Optional[int] = None
+
+
 @torch.inference_mode()
 def evaluate_length(
     forward: Optional[Callable[[torch.Tensor], torch.Tensor]],
     segments: torch.Tensor,
     length: int,
+    scoring: Scoring = Scoring(),
     *,
-    batch_tokens: int = 16384,
-    buckets: int = 64,
-    bucket_span: Optional[int] = None,
     device: torch.device | str = "cpu",
     show_progress: Optional[bool] = False,
     token_bytes: Optional[torch.Tensor] = None,
     nll_fn: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None,
-    stride: Optional[int] = None,
 ) -> dict:
     """Score every target of ``segments`` with windows of ``length`` tokens; ``forward(idx) -> logits``.
 
@@ -91,14 +100,15 @@ def evaluate_length(
     (e.g. ``hf.py``'s chunked LM head). ``token_bytes`` (same shape as ``segments``) gives the bytes of text
     behind each token, for tokenizers other than ours (default: 1 per byte token, 0 for BOS).
 
-    ``stride``: the strided protocol (see ``windows``); None is the default non-overlapping protocol.
+    ``scoring.stride``: the strided protocol (see ``windows``); None is the default non-overlapping protocol.
 
-    Returns loss (mean NLL, nats), ppl, bpb, tokens, bytes and loss_by_position: ``buckets`` equal spans of
-    window positions over [0, bucket_span) (default: length), each with its mean loss and token count.
+    Returns loss (mean NLL, nats), ppl, bpb, tokens, bytes and loss_by_position: ``scoring.buckets`` equal spans
+    of window positions over [0, bucket_span) (default: length), each with its mean loss and token count.
     """
     if nll_fn is None:
         nll_fn = logits_nll(forward)
-    span = bucket_span or length
+    buckets, stride = scoring.buckets, scoring.stride
+    span = scoring.bucket_span or length
     width = -(-span // buckets)
     nll_sum = torch.zeros((), dtype=torch.float64)
     pos_sum = torch.zeros(buckets, dtype=torch.float64)
@@ -108,7 +118,7 @@ def evaluate_length(
     t0 = time.perf_counter()
     parts = windows(segments, length, stride)
     byte_parts = windows(token_bytes, length, stride) if token_bytes is not None else [None] * len(parts)
-    rows_per_batch = max(1, batch_tokens // length)
+    rows_per_batch = max(1, scoring.batch_tokens // length)
     total = sum(-(-inp.shape[0] // rows_per_batch) for inp, _, _ in parts)
     with progress_bar(total, f"eval L={length}", show_progress) as bar:
         for (inputs, targets, first), byte_part in zip(parts, byte_parts):
@@ -148,3 +158,34 @@ def evaluate_length(
         "loss_by_position": by_pos,
         "eval_time_s": time.perf_counter() - t0,
     }
+
+
+# ---- our models on a run's eval set -------------------------------------------------------------------
+
+@dataclass
+class EvalSet:
+    """The target tokens every row of a run is scored on, and how: built once per run from its config."""
+
+    segments: torch.Tensor  # (N, S + 1) int16 tokens; S a common multiple of the lengths (segment_length)
+    lengths: list[int]
+    scoring: Scoring
+
+    @classmethod
+    def for_run(cls, cfg, corpus) -> "EvalSet":
+        """``cfg``'s eval lengths, tokens, split and protocol on ``corpus`` (a ``data.Corpus``)."""
+        from posenc_bench.data import eval_segments
+
+        lengths = cfg.eval_lengths()
+        segments = eval_segments(corpus.stream(cfg.eval.split), segment_length(lengths), cfg.eval.tokens)
+        return cls(segments, lengths, Scoring(cfg.eval.batch_tokens, cfg.eval.position_buckets, max(lengths),
+                                              cfg.eval.stride or None))
+
+
+def evaluate_model(model, evalset: EvalSet, length: int, rt) -> dict:
+    """One eval length for one of our models (``rt``: a bench.runtime.Runtime); raises PositionOutOfRange where
+    the encoding cannot run at this length."""
+    model.encoding.set_eval_length(length)
+    model.eval()
+    with rt.autocast_context():
+        return evaluate_length(model, evalset.segments, length, evalset.scoring, device=rt.device,
+                               show_progress=rt.show_progress)

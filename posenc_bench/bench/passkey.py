@@ -15,7 +15,6 @@ and the effective context: the largest length at which accuracy reaches ``thresh
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Callable, Optional, Protocol, Sequence
 import torch
 
 from posenc_bench.errors import ConfigError, PositionOutOfRange
-from posenc_bench.bench.records import atomic_write_json, atomic_write_text
+from posenc_bench.files import atomic_write_json, atomic_write_text
 
 INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
          "I will quiz you about the important information there.\n")
@@ -161,7 +160,7 @@ def write(result: dict, out: Path | str, meta: dict) -> tuple[Path, Path]:
     return js, md
 
 
-def load_lm(model: str, *, encoding: Optional[str] = None, rope_scaling: Optional[str] = None, device: str = "cpu",
+def load_lm(model: str, *, encoding: Optional[str] = None, rope_scaling: Optional[str] = None, device: str = "auto",
             trust_remote_code: bool = False, train_len: Optional[int] = None) -> PasskeyLM:
     """``hf:<...>`` -> a Hugging Face model with its tokenizer; else one of our checkpoint folders."""
     if model.startswith("hf:"):
@@ -186,7 +185,7 @@ class HFPasskeyLM:
         import contextlib
 
         from posenc_bench.hf.model import HFModel, resolve_model
-        from posenc_bench.bench.sweep import resolve_device
+        from posenc_bench.env import resolve_device
 
         spec = resolve_model(model)
         self.hf = HFModel(spec, device=resolve_device(device), trust_remote_code=trust_remote_code)
@@ -210,7 +209,7 @@ class HFPasskeyLM:
         return full[: starts[0]] if starts else []
 
     def set_length(self, length: int) -> None:
-        from posenc_bench.hf.model import scaled_max_positions, scaling_parameters
+        from posenc_bench.hf.rope import scaled_max_positions, scaling_parameters
 
         limit = self.hf.position_limit()
         if limit is not None and length > limit:
@@ -232,41 +231,18 @@ class CheckpointLM:
     """A checkpoint written by `posenc-bench run` (byte tokens, BOS first), with its trained encoding or an
     eval-only variant of it (e.g. rope-yarn on the rope checkpoint)."""
 
-    def __init__(self, path: Path | str, encoding: Optional[str] = None, device: str = "cpu") -> None:
-        from safetensors.torch import load_model
-
-        from posenc_bench import encodings
-        from posenc_bench.bench.config import RunConfig, _from_dict
+    def __init__(self, path: Path | str, encoding: Optional[str] = None, device: str = "auto") -> None:
+        from posenc_bench.bench import checkpoint
         from posenc_bench.data import BOS
-        from posenc_bench.model.transformer import DecoderLM
-        from posenc_bench.bench.sweep import resolve_device
+        from posenc_bench.env import resolve_device
 
-        path = Path(path)
-        try:
-            meta = json.loads((path / "config.json").read_text())
-            cfg: RunConfig = _from_dict(RunConfig, meta["config"], "")
-            trained, window = meta["encoding"], meta["window"]
-        except (OSError, json.JSONDecodeError, KeyError) as e:
-            raise ConfigError(f"{str(path)!r} is not a posenc-bench checkpoint folder ({e})") from None
-        name = encoding or trained
-        cls = encodings.get_class(name)
-        if name != trained and (cls.trained_as or name) != trained:
-            raise ConfigError(f"--encoding {name!r} does not evaluate the trained {trained!r} model; variants of it: "
-                              + ", ".join(n for n in encodings.available() if encodings.get_class(n).trained_as == trained))
-        if cls.finetuned and not meta.get("finetune"):
-            raise ConfigError(f"--encoding {name!r} is fine-tuned: give its own checkpoint "
-                              f"(checkpoints/{name}-seed<s>), not the {trained!r} one")
         self.device = resolve_device(device)
-        self.model = DecoderLM(cfg.model, name, cfg.train.train_len, window=window, seed=0,
-                               max_mask_bytes=cfg.max_mask_bytes)
-        load_model(self.model, str(path / "model.safetensors"))
-        self.model.to(self.device).eval()
-        if meta.get("finetune"):
-            self.model.encoding.set_train_length(meta["finetune"]["len"])
-        self.name = name + (f"+sw{window}" if window else "") + f" ({path})"
-        self.train_len = cfg.train.train_len
+        self.model, ckpt = checkpoint.load_model(path, encoding, self.device)
+        name, window = encoding or ckpt.meta["encoding"], ckpt.meta["window"]
+        self.name = name + (f"+sw{window}" if window else "") + f" ({ckpt.path})"
+        self.train_len = ckpt.config.train.train_len
         self.bos = BOS
-        self.checkpoint_meta = {"path": str(path), "cell_key": meta.get("cell_key"), "encoding": name}
+        self.checkpoint_meta = {"path": str(ckpt.path), "cell_key": ckpt.meta.get("cell_key"), "encoding": name}
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))

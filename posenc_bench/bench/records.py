@@ -7,50 +7,29 @@ File layout::
 
 One record per (encoding row, seed, eval length). ``status`` is "ok", "n/a" (the encoding cannot run at that
 length; ``reason`` says why) or "diverged" (training blew up; ``reason`` has the step and last finite loss).
+
+This module is the one home of:
+
+- the record (``new_record``, ``measured``) and the run metadata (``run_meta``) that ``run`` and ``eval`` write;
+- THE identity rule (``differences``): which results were measured the same way and so may share a results
+  folder (resume, ``eval``), a merge, or a gate comparison. Results that were not measured on the same text,
+  with the same model, training, evaluation and precision differ in a named field;
+- the results folder (``ResultsFolder``): one writer at a time (a file lock), checked against the rule.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
+import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from posenc_bench.errors import PosencError
+from posenc_bench.files import atomic_write_json, atomic_write_text
 
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "n/a", "diverged")
-
-
-def atomic_write(path: Path | str, write: Callable[[str], None]) -> None:
-    """``write(tmp)`` to a temporary file beside ``path``, fsync it, then rename it over ``path``.
-
-    A reader sees the old file or the new one, never half of one; a failed write leaves no temporary behind.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are ordinary files
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: Path | str, text: str) -> None:
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
-
-
-def atomic_write_json(path: Path | str, data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=1, sort_keys=False) + "\n")
 
 
 class ResultsError(PosencError):
@@ -96,3 +75,196 @@ class ResultsStore:
 
     def save(self) -> None:
         atomic_write_json(self.path, self.as_dict())
+
+
+# ---- the record ----------------------------------------------------------------------------------------
+
+MEASURED = ("ppl", "bpb", "loss", "tokens", "bytes", "loss_by_position", "eval_time_s")
+
+
+def new_record(run: dict, row: str, seed: int, eval_len: int, **fields: Any) -> dict:
+    """The record of one (row, seed, eval length), not yet measured: what it is, then the row's own
+    ``fields`` (keys, training figures, ...), then where it was measured (from the run's metadata)."""
+    train_len = run["train_len"]
+    rec = {"encoding": row, "base_encoding": fields.pop("base_encoding", row), "window": fields.pop("window", None),
+           "seed": seed, "train_len": train_len, "eval_len": eval_len, "ratio": eval_len / train_len,
+           "status": "ok", "reason": "", "ppl": None, "bpb": None, "loss": None, "tokens": None}
+    rec.update(fields)
+    rec.update(corpus_fingerprint=run["corpus"]["fingerprint"], eval_fingerprint=run["eval_fingerprint"],
+               git_commit=run["git_commit"], device=run["device"], versions=run["versions"])
+    return rec
+
+
+def measured(rec: dict, result: dict) -> dict:
+    """``rec`` with the numbers of one evaluation (``bench.evaluate``'s result)."""
+    rec.update({k: result[k] for k in MEASURED})
+    return rec
+
+
+def not_measured(rec: dict, status: str, reason: str, **fields: Any) -> dict:
+    """``rec`` marked n/a or diverged, with the reason."""
+    rec.update(status=status, reason=reason, **fields)
+    return rec
+
+
+def run_meta(*, rows: list[str], train_len: int, eval_lengths: list[int], segments, corpus: dict, device: str,
+             **extra: Any) -> dict:
+    """The metadata of one run or eval: ``extra`` (kind, config, model, ...) and where and on what text."""
+    from posenc_bench.data import tokens_fingerprint
+    from posenc_bench.env import git_commit, versions
+
+    S = segments.shape[1] - 1
+    meta = {**extra, "rows": rows, "train_len": train_len, "eval_lengths": eval_lengths, "segment_len": S,
+            "eval_tokens": int(segments.shape[0] * S), "eval_fingerprint": tokens_fingerprint(segments),
+            "corpus": corpus, "device": device, "git_commit": git_commit(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    meta["versions"] = {**versions(), **meta.get("versions", {})}
+    return meta
+
+
+def summary_line(row: str, records: list[dict]) -> str:
+    return f"  {row}: ppl " + ", ".join(
+        f"{r['eval_len']}: {r['ppl']:.3f}" if r["status"] == "ok" else f"{r['eval_len']}: {r['status']}" for r in records
+    )
+
+
+# ---- the identity rule ---------------------------------------------------------------------------------
+
+# Settings that change no number (how the work is cut, where it goes) or are compared another way (eval.lens
+# as the eval lengths, the rows and seeds as cells, per-encoding options in each row's cell and eval keys).
+NOT_IDENTITY = (
+    "config.out", "config.device", "config.threads", "config.max_mask_bytes", "config.save_every",
+    "config.eval.batch_tokens", "config.eval.lens", "config.encodings", "config.seeds", "config.gate",
+    "config.train.log_every", "config.plugins", "config.grad_accum", "config.model.encoding_options",
+    "config.rope_scaling", "model.path",
+)
+_EVALUATED_MODEL = ("kind", "ref", "gguf_file", "dtype", "file_sha256", "files_sha256", "hub_commit",
+                    "encoding", "window", "seed", "cell_key", "weights_sha256")
+
+
+def _leaves(value: Any, prefix: str) -> dict[str, Any]:
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_leaves(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: value}
+
+
+def identity(run: dict) -> dict[str, Any]:
+    """What must be equal for two results to be comparable, as flat named fields: the kind, the model that
+    was evaluated (an ``eval``'s model), the config's model, training, data, evaluation and precision
+    settings, the text (corpus and eval-token fingerprints), the eval lengths and the tokenizer."""
+    out = _leaves(run.get("config", {}), "config")
+    model = run.get("model")
+    if isinstance(model, dict):
+        out.update(_leaves({k: model.get(k) for k in _EVALUATED_MODEL if k in model}, "model"))
+    out["kind"] = run.get("kind", "run")
+    out["train length"] = run.get("train_len", run.get("config", {}).get("train", {}).get("train_len"))
+    out["corpus fingerprint"] = run.get("corpus", {}).get("fingerprint")
+    out["eval fingerprint"] = run.get("eval_fingerprint")
+    out["eval lengths"] = run.get("eval_lengths")
+    out["tokenizer"] = run.get("tokenizer", "bytes")
+    return {k: v for k, v in out.items() if not any(k == i or k.startswith(i + ".") for i in NOT_IDENTITY)}
+
+
+def differences(a_run: dict, b_run: dict) -> list[tuple[str, Any, Any]]:
+    """(field, value in a, value in b) for every identity field where two runs differ; none: comparable.
+
+    A config setting absent from one side (added to the config after those results were made) compares as
+    its default, which is what that run used. Field names drop the ``config.`` prefix (``train.lr``)."""
+    from posenc_bench.bench.config import RunConfig
+
+    defaults = _leaves(RunConfig().to_dict(), "config")
+    a, b = identity(a_run), identity(b_run)
+    diffs = []
+    for key in list(a) + [k for k in b if k not in a]:
+        av, bv = a.get(key, defaults.get(key, "(absent)")), b.get(key, defaults.get(key, "(absent)"))
+        if av != bv:
+            diffs.append((key.removeprefix("config."), av, bv))
+    return diffs
+
+
+class IncomparableError(ResultsError):
+    """Results measured another way than the ones they would join (the first differing field named)."""
+
+
+# ---- the results folder --------------------------------------------------------------------------------
+
+class ResultsFolder:
+    """A results file and its lock: one writer at a time, and only results of the same identity.
+
+    ``with ResultsFolder(out, name, run) as store:`` takes the folder's lock for ``name`` (shards each lock
+    their own file, so they write one folder side by side) or stops at once with one line naming the process
+    that holds it, then opens the store: the records already there, after checking that they were measured
+    as ``run`` will be (else IncomparableError naming the first differing field, with both values).
+    """
+
+    def __init__(self, out: Path | str, name: str = "results.json") -> None:
+        self.out = Path(out)
+        self.path = self.out / name
+        self._lock_path = self.out / f".{name}.lock"
+        self._owner = self.out / f".{name}.owner"
+        self._lock = None
+
+    def __enter__(self) -> "ResultsFolder":
+        from filelock import FileLock, Timeout
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        self._lock = FileLock(self._lock_path)
+        try:
+            self._lock.acquire(timeout=0)
+        except Timeout:
+            try:
+                owner = self._owner.read_text().strip()
+            except OSError:
+                owner = "another process"
+            raise ResultsError(f"{self.out} is being written by {owner}; wait for it to finish, or use another "
+                               "--out") from None
+        atomic_write_text(self._owner, f"pid {os.getpid()} (started {time.strftime('%Y-%m-%d %H:%M:%S')})\n")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._owner.unlink(missing_ok=True)
+        self._lock.release()
+
+    def open_store(self, run: dict, merge_runs: bool = True) -> "ResultsStore":
+        """The store for ``run``: empty, or the file's records if they are comparable with ``run``."""
+        if not self.path.exists():
+            return ResultsStore(self.path, run)
+        old = read_results(self.path)
+        diffs = differences(old["run"], run)
+        if diffs:
+            field, was, now = diffs[0]
+            what = ("was evaluated at other lengths or on other tokens" if field in ("eval lengths", "eval fingerprint")
+                    else f"holds results made with a different {field.split('.')[0]!r} config")
+            raise IncomparableError(f"{self.path} {what} ({field}: {was!r} there, {now!r} now); use another --out, "
+                                    "or --fresh to start over")
+        if merge_runs:
+            merge_run_lists(old["run"], run)
+        return ResultsStore(self.path, run, old["records"])
+
+
+def merge_run_lists(old: dict, new: dict) -> None:
+    """Keep the rows (and encodings, seeds) of earlier invocations in ``new``, in their order, then the new
+    ones; an invocation that names every earlier row sets the order itself."""
+    def ordered(before: list, now: list) -> list:
+        first, then = (now, before) if set(before) <= set(now) else (before, now)
+        return list(dict.fromkeys(first + then))
+
+    new["rows"] = ordered(old.get("rows", []), new["rows"])
+    if "config" in new and "encodings" in new["config"] and "encodings" in old.get("config", {}):
+        new["config"]["encodings"] = ordered(old["config"]["encodings"], new["config"]["encodings"])
+        new["config"]["seeds"] = sorted(set(old["config"]["seeds"]) | set(new["config"]["seeds"]))
+
+
+def require_writable(out: Path | str) -> None:
+    """ConfigError-like ResultsError unless ``out`` can be created and written (checked before any work)."""
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ResultsError(f"output folder {str(out)!r} cannot be written: {e.strerror or e}") from None

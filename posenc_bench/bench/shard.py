@@ -20,12 +20,12 @@ from __future__ import annotations
 import copy
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from posenc_bench import encodings
-from posenc_bench.bench.config import IDENTITY_KEYS, RunConfig, parse_row, row_name
+from posenc_bench.bench.config import RunConfig, parse_row, row_name
 from posenc_bench.errors import ConfigError
-from posenc_bench.bench.records import ResultsError, read_results
+from posenc_bench.bench.records import ResultsError, differences, read_results
 
 SHARD_FILE = re.compile(r"results\.shard-(\d+)-of-(\d+)\.json")
 
@@ -89,28 +89,6 @@ def find_inputs(paths: list[str]) -> list[Path]:
     return unique
 
 
-def first_difference(a: Any, b: Any, where: str = "") -> Optional[tuple[str, Any, Any]]:
-    """The dotted path of the first field where ``a`` and ``b`` differ (None if equal)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in list(a) + [k for k in b if k not in a]:
-            d = first_difference(a.get(key), b.get(key), f"{where}.{key}" if where else key)
-            if d is not None:
-                return d
-        return None
-    return None if a == b else (where, a, b)
-
-
-def _identity(run: dict) -> dict:
-    """What must be equal for records of two files to belong to one table."""
-    cfg = run["config"]
-    ident = {k: cfg.get(k) for k in IDENTITY_KEYS}
-    ident["eval"] = {k: v for k, v in cfg.get("eval", {}).items() if k != "batch_tokens"}
-    ident["eval_lengths"] = run["eval_lengths"]
-    ident["eval_fingerprint"] = run["eval_fingerprint"]
-    ident["corpus_fingerprint"] = run["corpus"]["fingerprint"]
-    return ident
-
-
 def _expected_cells(run: dict) -> list[tuple[str, int]]:
     if "shard" in run:
         return [tuple(c) for c in run["shard"]["all_cells"]]
@@ -127,16 +105,15 @@ def merge_results(files: list[Path], out: Optional[Path] = None) -> tuple[dict, 
         raise ResultsError(f"shard files of different splits ({' and '.join(f'n={n}' for n in sorted(counts))}); "
                            "merge the shards of one --shard i/n split")
     for f, d in zip(files[1:], datas[1:]):
-        diff = first_difference(_identity(ref["run"]), _identity(d["run"]))
-        if diff is not None:
-            field, a, b = diff
+        diffs = differences(ref["run"], d["run"])
+        if diffs:
+            field, a, b = diffs[0]
             raise ResultsError(f"{str(f)!r} was made with a different config than {str(ref_file)!r}: "
                                f"{field} is {b!r} there and {a!r} in the first; merge only shards of one config")
         if "shard" in d["run"] and "shard" in ref["run"] and (
                 {tuple(c) for c in d["run"]["shard"]["all_cells"]} != {tuple(c) for c in ref["run"]["shard"]["all_cells"]}):
-            diff = first_difference({k: ref["run"]["config"][k] for k in ("encodings", "window", "seeds")},
-                                    {k: d["run"]["config"][k] for k in ("encodings", "window", "seeds")})
-            field = diff[0] if diff else "encodings"
+            field = next((k for k in ("encodings", "window", "seeds")
+                          if ref["run"]["config"][k] != d["run"]["config"][k]), "encodings")
             raise ResultsError(f"{str(f)!r} is a shard of another sweep than {str(ref_file)!r} (its {field} differ: "
                                "other cells); merge only shards of one config")
     lengths = set(ref["run"]["eval_lengths"])

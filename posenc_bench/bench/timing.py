@@ -34,9 +34,9 @@ from torch.utils import benchmark
 from posenc_bench import encodings
 from posenc_bench.errors import ConfigError
 from posenc_bench.model.transformer import AttentionPlan, CausalSelfAttention, DecoderLM, ModelConfig
-from posenc_bench.bench.records import atomic_write_json, atomic_write_text
+from posenc_bench.files import atomic_write_json, atomic_write_text
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+PRECISIONS = ("fp32", "bf16")  # of posenc_bench.env.PRECISIONS: the attention layers' dtype
 
 
 @dataclass
@@ -45,7 +45,7 @@ class TimingConfig:
     lengths: list = field(default_factory=lambda: [2048, 5000, 8192])
     d_model: int = 512  # width of the sinusoidal / learned tables and of the attention layer
     head_dim: int = 128  # RoPE cache width; the attention layer has d_model / head_dim heads
-    dtype: str = "fp32"
+    precision: str = "fp32"  # fp32 | bf16: the attention layers (posenc-bench time --precision)
     threads: Optional[int] = None
     min_run_time: float = 0.2  # seconds per blocked_autorange
     train_len: int = 2048  # forward+backward of the small model (configs/default.yaml's model) at this length
@@ -354,10 +354,9 @@ def versus_llama(device: torch.device, log, *, train_len: int = 128, batch: int 
 # ---- the run --------------------------------------------------------------------------------------------
 
 def run_timing(tc: TimingConfig, log: Callable[[str], None] = print) -> dict:
-    from posenc_bench.bench.sweep import git_commit, resolve_device
+    from posenc_bench.env import git_commit, precision_dtype, resolve_device
 
-    if tc.dtype not in DTYPES:
-        raise ConfigError(f"dtype {tc.dtype!r} is not supported; valid: {', '.join(DTYPES)}")
+    dtype = precision_dtype(tc.precision, PRECISIONS)  # ConfigError naming the valid ones
     if not tc.lengths or any(int(n) < 1 for n in tc.lengths):
         raise ConfigError(f"lengths must be positive integers, got {tc.lengths!r}")
     if tc.d_model % 2 or tc.head_dim % 2 or tc.d_model < tc.head_dim:
@@ -365,7 +364,6 @@ def run_timing(tc: TimingConfig, log: Callable[[str], None] = print) -> dict:
     device = resolve_device(tc.device)
     if tc.threads:
         torch.set_num_threads(tc.threads)
-    dtype = DTYPES[tc.dtype]
     info = machine(device)
     log(f"timing on {info.get('gpu', info['cpu'])} ({device}, {info['threads']} threads, torch {info['torch']})")
     rows: list[dict] = []
@@ -390,8 +388,14 @@ COLUMNS = ["part", "encoding", "what", "length", "dims", "median_ms", "iqr_ms", 
            "reference", "reference_ms", "x_textbook", "x_fused", "peak_mib", "setup_ms"]
 
 
+def recorded_precision(result: dict) -> str:
+    """The run's precision; timing.json files written before the rename call it ``dtype``."""
+    cfg = result["config"]
+    return cfg["precision"] if "precision" in cfg else cfg["dtype"]
+
+
 def table_rows(result: dict) -> list[dict]:
-    dev, dtype = result["machine"]["device"], result["config"]["dtype"]
+    dev, dtype = result["machine"]["device"], recorded_precision(result)
     out = []
     for r in result["rows"]:
         ms = lambda v: None if v is None else round(v * 1e3, 4)  # noqa: E731
@@ -413,7 +417,7 @@ def markdown(result: dict) -> str:
 
     m = result["machine"]
     head = (f"Timing on {m.get('gpu', m['cpu'])} ({m['device']}, {m['threads']} threads), torch {m['torch']}, "
-            f"dtype {result['config']['dtype']}, commit {result['commit']}. Median of torch.utils.benchmark "
+            f"dtype {recorded_precision(result)}, commit {result['commit']}. Median of torch.utils.benchmark "
             f"blocked_autorange; IQR beside it. x_floor = time / floor (the larger of writing the output and one fp32 "
             f"sin per value); x_textbook = reference time / ours (> 1: ours faster); x_fused = time / the same work on "
             f"SDPA's fused causal path (nope); setup_ms = a RoPE scaling's frequencies, computed once per eval length.\n")

@@ -1,21 +1,16 @@
-"""Rotary position embeddings and their scaling variants.
+"""Rotary position embeddings.
 
 - ``rope``: Su et al., "RoFormer: Enhanced Transformer with Rotary Position Embedding" (arXiv:2104.09864).
   q and k are rotated by position-dependent angles pos * inv_freq, so q_m . k_n depends only on m - n.
   We use the half-split layout of GPT-NeoX / Llama (``rotate_half``), a fixed permutation of the paper's
   interleaved pairs, so our rotation can be checked against transformers' ``apply_rotary_pos_emb``.
-- ``rope-linear``: position interpolation, Chen et al., "Extending Context Window of Large Language Models
-  via Positional Interpolation" (arXiv:2306.15595): the trained ``rope`` model evaluated with positions
-  divided by factor = eval length / train length (never below 1). Zero-shot here; the paper fine-tunes
-  after scaling.
 
-Scaling variants are pure functions ``(head_dim, theta, ...) -> (inv_freq, attention_scale)``; all but the
-default one delegate to transformers' ``ROPE_INIT_FUNCTIONS`` rather than retyping its formulas.
+The scalings of the trained ``rope`` model (position interpolation ``rope-linear``, NTK, dynamic NTK, YaRN,
+Llama 3 and their fine-tuned rows) are one table of frequency functions in ``rope_scaling.py``; they only
+change ``inv_freq`` and ``attention_scale`` of this class.
 """
 
 from __future__ import annotations
-
-import math
 
 from typing import Optional
 
@@ -31,37 +26,6 @@ def default_inv_freq(head_dim: int, theta: float = 10000.0) -> tuple[torch.Tenso
         raise ValueError(f"RoPE needs an even head dimension, got head_dim={head_dim}")
     exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
     return 1.0 / (theta**exponent), 1.0
-
-
-def hf_scaled_inv_freq(
-    rope_type: str, head_dim: int, theta: float, original_len: int, **params: float
-) -> tuple[torch.Tensor, float]:
-    """(inv_freq, attention_scale) from transformers' ``ROPE_INIT_FUNCTIONS[rope_type]``.
-
-    ``params`` are the rope_parameters of that type (e.g. ``factor=4.0``). With an
-    ``original_max_position_embeddings`` parameter (yarn, llama3) the config's max_position_embeddings is the
-    extended context, original length x factor, as transformers expects; the frequencies do not depend on it.
-    """
-    from transformers import LlamaConfig  # imported here: transformers takes seconds to import
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    if head_dim % 2:
-        raise ValueError(f"RoPE needs an even head dimension, got head_dim={head_dim}")
-    config = LlamaConfig(
-        hidden_size=head_dim,
-        num_attention_heads=1,
-        head_dim=head_dim,
-        max_position_embeddings=(math.ceil(original_len * params.get("factor", 1.0))
-                                 if "original_max_position_embeddings" in params else original_len),
-        rope_parameters={"rope_type": rope_type, "rope_theta": theta, **params},
-    )
-    inv_freq, attention_scale = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
-    return inv_freq.to(torch.float32), float(attention_scale)
-
-
-def linear_inv_freq(head_dim: int, theta: float, factor: float, original_len: int) -> tuple[torch.Tensor, float]:
-    """Position interpolation: inv_freq / factor, through transformers' "linear" init function."""
-    return hf_scaled_inv_freq("linear", head_dim, theta, original_len, factor=float(factor))
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -151,16 +115,3 @@ class RoPE(Encoding):
             self._cache = (key, cos.to(q.dtype), sin.to(q.dtype))
         _, cos, sin = self._cache  # (T, D/2), broadcast over (B, H)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-
-
-@register("rope-linear")
-class RoPELinear(RoPE):
-    summary = "the trained rope model with positions / (eval len / train len) (position interpolation, zero-shot)"
-    trained_as = "rope"
-
-    def set_eval_length(self, length: int) -> None:
-        factor = max(1.0, length / self.train_len)
-        if factor == 1.0:
-            self._set_frequencies(*default_inv_freq(self.head_dim, self.theta))
-        else:
-            self._set_frequencies(*linear_inv_freq(self.head_dim, self.theta, factor, self.train_len))

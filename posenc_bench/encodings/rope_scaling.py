@@ -1,9 +1,12 @@
-"""RoPE scalings applied to the trained ``rope`` model, zero-shot and fine-tuned.
+"""RoPE scalings applied to the trained ``rope`` model, zero-shot and fine-tuned: one table, ``SCALING_TABLE``.
 
 Every variant here evaluates (or fine-tunes) the ``rope`` checkpoint with other frequencies; only the
 frequencies and the attention scale change, through transformers' ``ROPE_INIT_FUNCTIONS`` where it has the
 formula, with the scale applied to cos and sin as transformers applies it (so logits scale by its square).
 
+- ``rope-linear``: position interpolation, Chen et al., "Extending Context Window of Large Language Models
+  via Positional Interpolation" (arXiv:2306.15595): positions divided by s, i.e. inv_freq / s. Zero-shot
+  here; the paper fine-tunes after scaling (``rope-linear-ft``).
 - ``rope-ntk``: "NTK-aware" scaled RoPE, bloc97, r/LocalLLaMA (2023): keep positions, raise the base to
   theta * s^(d/(d-2)), so low frequencies are interpolated and high ones barely change. A pure function of
   ours: transformers only ships the dynamic form, which equals it at factor 1 and seq_len = s * T (tested).
@@ -20,18 +23,64 @@ formula, with the scale applied to cos and sin as transformers applies it (so lo
   s = fine-tune length / train length (``rope-ft``: the same fine-tuning, no scaling, so the scaling's own
   effect is separated from the extra training), then evaluate with that fixed s at every length.
 
+Each table entry is a pure function (head_dim, theta, factor, train_len, seq_len) -> (inv_freq, attention
+scale) plus what the rows and the Hugging Face surgery (``posenc_bench/hf/rope.py``) need to know about it;
+a loop registers ``rope-<name>`` and ``rope-<name>-ft`` for every entry, so a scaling is added in one place.
+
 Zero-shot factor: ``factor`` 0 (default) means s = eval length / train length at each eval length (never
-below 1, so 1x is plain RoPE); a number fixes s for every length (``model.encoding_options``).
+below 1, so 1x is plain RoPE); a number fixes s for every length (``model.encoding_options``). Dynamic NTK
+takes a fixed factor (default 2, as in transformers' docs) and grows with the window length itself. A ``-ft``
+row takes no factor: s is the fine-tune length's (config ``finetune.len``), so the row is what it says.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar, Optional
+import math
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar, Mapping, Optional
 
 import torch
 
 from posenc_bench.encodings import register
-from posenc_bench.encodings.rope import RoPE, default_inv_freq, hf_scaled_inv_freq, linear_inv_freq
+from posenc_bench.encodings.rope import RoPE, default_inv_freq
+
+# (head_dim, theta, factor, train_len, seq_len) -> (inv_freq float32 (head_dim / 2,), attention scale)
+FrequencyFn = Callable[[int, float, float, int, int], tuple[torch.Tensor, float]]
+
+# Llama 3.1's published low/high frequency factors: rope-llama3's frequencies and the HF surgery's rope_parameters
+LLAMA3_FREQ_FACTORS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
+
+
+def hf_scaled_inv_freq(rope_type: str, head_dim: int, theta: float, original_len: int, *,
+                       seq_len: Optional[int] = None, **params: float) -> tuple[torch.Tensor, float]:
+    """(inv_freq, attention_scale) from transformers' ``ROPE_INIT_FUNCTIONS[rope_type]``.
+
+    ``params`` are the rope_parameters of that type (e.g. ``factor=4.0``). With an
+    ``original_max_position_embeddings`` parameter (yarn, llama3) the config's max_position_embeddings is the
+    extended context, original length x factor, as transformers expects; the frequencies do not depend on it.
+    ``seq_len``: the current sequence length, for the types that depend on it (dynamic).
+    """
+    from transformers import LlamaConfig  # imported here: transformers takes seconds to import
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if head_dim % 2:
+        raise ValueError(f"RoPE needs an even head dimension, got head_dim={head_dim}")
+    config = LlamaConfig(
+        hidden_size=head_dim,
+        num_attention_heads=1,
+        head_dim=head_dim,
+        max_position_embeddings=(math.ceil(original_len * params.get("factor", 1.0))
+                                 if "original_max_position_embeddings" in params else original_len),
+        rope_parameters={"rope_type": rope_type, "rope_theta": theta, **params},
+    )
+    extra = {} if seq_len is None else {"seq_len": seq_len}
+    inv_freq, attention_scale = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", **extra)
+    return inv_freq.to(torch.float32), float(attention_scale)
+
+
+def linear_inv_freq(head_dim: int, theta: float, factor: float, original_len: int) -> tuple[torch.Tensor, float]:
+    """Position interpolation: inv_freq / factor, through transformers' "linear" init function."""
+    return hf_scaled_inv_freq("linear", head_dim, theta, original_len, factor=float(factor))
 
 
 def ntk_inv_freq(head_dim: int, theta: float, factor: float) -> tuple[torch.Tensor, float]:
@@ -41,24 +90,87 @@ def ntk_inv_freq(head_dim: int, theta: float, factor: float) -> tuple[torch.Tens
     return default_inv_freq(head_dim, theta * factor ** (head_dim / (head_dim - 2)))
 
 
-def dynamic_inv_freq(head_dim: int, theta: float, factor: float, original_len: int, seq_len: int
+# ---- the table's frequency functions, all (head_dim, theta, factor, train_len, seq_len) ----------------------
+
+
+def linear_frequencies(head_dim: int, theta: float, factor: float, train_len: int, seq_len: int
+                       ) -> tuple[torch.Tensor, float]:
+    """Position interpolation at factor s, whatever the window length."""
+    return linear_inv_freq(head_dim, theta, factor, train_len)
+
+
+def ntk_frequencies(head_dim: int, theta: float, factor: float, train_len: int, seq_len: int
+                    ) -> tuple[torch.Tensor, float]:
+    """NTK-aware base scaling at factor s, whatever the window length."""
+    return ntk_inv_freq(head_dim, theta, factor)
+
+
+def dynamic_frequencies(head_dim: int, theta: float, factor: float, train_len: int, seq_len: int
+                        ) -> tuple[torch.Tensor, float]:
+    """transformers' "dynamic" frequencies for a sequence of ``seq_len`` tokens (plain RoPE up to train_len)."""
+    return hf_scaled_inv_freq("dynamic", head_dim, theta, train_len, seq_len=seq_len, factor=float(factor))
+
+
+def yarn_frequencies(head_dim: int, theta: float, factor: float, train_len: int, seq_len: int
                      ) -> tuple[torch.Tensor, float]:
-    """transformers' "dynamic" frequencies for a sequence of ``seq_len`` tokens."""
-    from transformers import LlamaConfig
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    config = LlamaConfig(hidden_size=head_dim, num_attention_heads=1, head_dim=head_dim,
-                         max_position_embeddings=original_len,
-                         rope_parameters={"rope_type": "dynamic", "rope_theta": theta, "factor": float(factor)})
-    inv_freq, scale = ROPE_INIT_FUNCTIONS["dynamic"](config, "cpu", seq_len=seq_len)
-    return inv_freq.to(torch.float32), float(scale)
+    """transformers' "yarn" frequencies and temperature, the original context being the train length."""
+    return hf_scaled_inv_freq("yarn", head_dim, theta, train_len, factor=factor,
+                              original_max_position_embeddings=train_len)
 
 
-class _ScaledRoPE(RoPE):
-    """RoPE whose frequencies are recomputed for each eval length (or fixed by fine-tuning)."""
+def llama3_frequencies(head_dim: int, theta: float, factor: float, train_len: int, seq_len: int
+                       ) -> tuple[torch.Tensor, float]:
+    """transformers' "llama3" frequencies with Llama 3.1's frequency factors, original context = train length."""
+    return hf_scaled_inv_freq("llama3", head_dim, theta, train_len, factor=factor, **LLAMA3_FREQ_FACTORS,
+                              original_max_position_embeddings=train_len)
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """One RoPE scaling: its frequencies, the two rows it registers, and how transformers names it."""
+
+    name: str  # rows rope-<name> and rope-<name>-ft
+    citation: str  # where the scaling comes from (the module docstring has the full references)
+    frequencies: FrequencyFn
+    summary: str  # rope-<name>'s one-line summary
+    ft_summary: str  # rope-<name>-ft's
+    length_dependent: bool = False  # the frequencies depend on the window length itself (dynamic NTK)
+    default_factor: float = 0.0  # zero-shot factor when none is configured; 0 = eval length / train length
+    hf_rope_type: Optional[str] = None  # transformers' rope_type, where it has the scaling (hf/rope.py)
+    hf_parameters: Mapping[str, float] = field(default_factory=dict)  # its fixed rope_parameters besides factor
+    hf_original_len: bool = False  # its rope_parameters take original_max_position_embeddings = train length
+
+
+SCALING_TABLE: tuple[Scaling, ...] = (
+    Scaling("linear", "Chen et al. 2023, position interpolation (arXiv:2306.15595)", linear_frequencies,
+            "the trained rope model with positions / (eval len / train len) (position interpolation, zero-shot)",
+            "position interpolation fine-tuned at the fine-tune length, as in the paper; Chen et al. 2023",
+            hf_rope_type="linear"),
+    Scaling("ntk", "bloc97 2023, NTK-aware scaled RoPE (r/LocalLLaMA)", ntk_frequencies,
+            "the trained rope model with NTK-aware base scaling (base x s^(d/(d-2))), zero-shot; bloc97 2023",
+            "NTK-aware scaling fine-tuned at the fine-tune length"),
+    Scaling("dynamic", "emozilla 2023, dynamic NTK (r/LocalLLaMA)", dynamic_frequencies,
+            "the trained rope model with dynamic NTK (base grows with the window length), zero-shot; emozilla 2023",
+            "dynamic NTK fine-tuned at the fine-tune length",
+            length_dependent=True, default_factor=2.0, hf_rope_type="dynamic"),
+    Scaling("yarn", "Peng et al. 2024, YaRN, ICLR 2024 (arXiv:2309.00071)", yarn_frequencies,
+            "the trained rope model with YaRN (per-frequency interpolation, attention temperature), zero-shot; "
+            "Peng et al. 2024",
+            "YaRN fine-tuned at the fine-tune length, as in the paper; Peng et al. 2024",
+            hf_rope_type="yarn", hf_original_len=True),
+    Scaling("llama3", "Dubey et al. 2024, The Llama 3 Herd of Models (arXiv:2407.21783)", llama3_frequencies,
+            "the trained rope model with Llama 3.1 frequency-dependent scaling, zero-shot; Dubey et al. 2024",
+            "Llama 3.1 scaling fine-tuned at the fine-tune length",
+            hf_rope_type="llama3", hf_parameters=LLAMA3_FREQ_FACTORS, hf_original_len=True),
+)
+
+
+class ScaledRoPE(RoPE):
+    """The trained rope model with one table entry's frequencies, recomputed for each eval length from the
+    factor s that ``scale_for`` gives (plain RoPE at s = 1 unless the scaling follows the window length)."""
 
     trained_as: ClassVar[Optional[str]] = "rope"
-    length_dependent: ClassVar[bool] = False  # frequencies depend on the window length itself (dynamic)
+    scaling: ClassVar[Scaling]
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int, theta: float = 10000.0,
                  factor: float = 0.0) -> None:
@@ -66,7 +178,7 @@ class _ScaledRoPE(RoPE):
         if factor != 0 and factor < 1:
             raise ValueError(f"factor must be 0 (eval length / train length) or >= 1, got {factor}")
         self.factor = float(factor)
-        self.tuned_len: Optional[int] = None  # set by set_train_length for the fine-tuned variants
+        self.tuned_len: Optional[int] = None  # set by set_train_length on the fine-tuned rows
 
     def scale_for(self, length: int) -> float:
         """The factor s used at this length: fixed by the config or by fine-tuning, else length / train_len."""
@@ -74,66 +186,68 @@ class _ScaledRoPE(RoPE):
             return self.factor
         return max(1.0, (self.tuned_len or length) / self.train_len)
 
-    def set_train_length(self, length: int) -> None:
-        if self.finetuned:
-            self.tuned_len = length
-            self.set_eval_length(length)
-
     def set_eval_length(self, length: int) -> None:
         s = self.scale_for(length)
-        if s == 1.0 and not self.length_dependent:
+        if s == 1.0 and not self.scaling.length_dependent:
             self._set_frequencies(*default_inv_freq(self.head_dim, self.theta))
         else:
-            self._set_frequencies(*self.frequencies(s, length))
-
-    def frequencies(self, factor: float, length: int) -> tuple[torch.Tensor, float]:
-        raise NotImplementedError
+            self._set_frequencies(*self.scaling.frequencies(self.head_dim, self.theta, s, self.train_len, length))
 
 
-@register("rope-ntk")
-class RoPENTK(_ScaledRoPE):
-    summary = "the trained rope model with NTK-aware base scaling (base x s^(d/(d-2))), zero-shot; bloc97 2023"
+class FineTunedRoPE(ScaledRoPE):
+    """A scaling fine-tuned at the fine-tune length: s = fine-tune length / train length, fixed by
+    set_train_length before fine-tuning and kept at every eval length. A configured factor is refused: it
+    would silently make the row a different experiment from the one its name and summary describe."""
 
-    def frequencies(self, factor: float, length: int) -> tuple[torch.Tensor, float]:
-        return ntk_inv_freq(self.head_dim, self.theta, factor)
-
-
-@register("rope-dynamic")
-class RoPEDynamic(_ScaledRoPE):
-    summary = "the trained rope model with dynamic NTK (base grows with the window length), zero-shot; emozilla 2023"
-    length_dependent = True
+    finetuned = True
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int, theta: float = 10000.0,
-                 factor: float = 2.0) -> None:
-        # transformers' dynamic takes a fixed factor (2 in its docs) and the length from the input
-        super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len, theta=theta, factor=factor)
-        if self.factor < 1:
-            raise ValueError(f"rope-dynamic needs factor >= 1, got {factor}")
+                 factor: Optional[float] = None) -> None:
+        if factor is not None:
+            raise ValueError(f"{self.name} takes no factor (got {factor}): its factor is the fine-tune length "
+                             f"(config finetune.len) / train length; set finetune.len instead")
+        super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len, theta=theta, factor=0.0)
 
-    def frequencies(self, factor: float, length: int) -> tuple[torch.Tensor, float]:
-        return dynamic_inv_freq(self.head_dim, self.theta, factor, self.train_len, length)
-
-
-@register("rope-yarn")
-class RoPEYaRN(_ScaledRoPE):
-    summary = "the trained rope model with YaRN (per-frequency interpolation, attention temperature), zero-shot; Peng et al. 2024"
-
-    def frequencies(self, factor: float, length: int) -> tuple[torch.Tensor, float]:
-        return hf_scaled_inv_freq("yarn", self.head_dim, self.theta, self.train_len, factor=factor,
-                                  original_max_position_embeddings=self.train_len)
+    def set_train_length(self, length: int) -> None:
+        self.tuned_len = length
+        self.set_eval_length(length)
 
 
-@register("rope-llama3")
-class RoPELlama3(_ScaledRoPE):
-    summary = "the trained rope model with Llama 3.1 frequency-dependent scaling, zero-shot; Dubey et al. 2024"
+def _zero_shot_row(entry: Scaling) -> type[ScaledRoPE]:
+    """rope-<name>: the scaling applied zero-shot, with the entry's default factor as the option's default."""
 
-    def frequencies(self, factor: float, length: int) -> tuple[torch.Tensor, float]:
-        return hf_scaled_inv_freq("llama3", self.head_dim, self.theta, self.train_len, factor=factor,
-                                  low_freq_factor=1.0, high_freq_factor=4.0,
-                                  original_max_position_embeddings=self.train_len)
+    class ZeroShot(ScaledRoPE):
+        scaling = entry
+        summary = entry.summary
+
+        def __init__(self, *, d_model: int, n_heads: int, train_len: int, theta: float = 10000.0,
+                     factor: float = entry.default_factor) -> None:
+            super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len, theta=theta, factor=factor)
+            if self.scaling.length_dependent and self.factor < 1:  # it takes the length from the input
+                raise ValueError(f"{self.name} needs factor >= 1, got {factor}")
+
+    return _named(ZeroShot, f"RoPE{entry.name.capitalize()}")
 
 
-# ---- fine-tuned: the same scalings after continuing training at the fine-tune length (see the runner) -----
+def _finetuned_row(entry: Scaling) -> type[FineTunedRoPE]:
+    """rope-<name>-ft: the scaling fine-tuned at the fine-tune length."""
+
+    class FineTuned(FineTunedRoPE):
+        scaling = entry
+        summary = entry.ft_summary
+
+    return _named(FineTuned, f"RoPE{entry.name.capitalize()}FT")
+
+
+def _named(cls: type, name: str) -> type:
+    """Give a generated row class a module-level name (RoPEYarn, RoPEYarnFT, ...): reprs and pickling find it."""
+    cls.__name__ = cls.__qualname__ = name
+    globals()[name] = cls
+    return cls
+
+
+for _entry in SCALING_TABLE:
+    register(f"rope-{_entry.name}")(_zero_shot_row(_entry))
 
 
 @register("rope-ft")
@@ -143,34 +257,5 @@ class RoPEFT(RoPE):
     finetuned = True
 
 
-@register("rope-linear-ft")
-class RoPELinearFT(_ScaledRoPE):
-    summary = "position interpolation fine-tuned at the fine-tune length, as in the paper; Chen et al. 2023"
-    finetuned = True
-
-    def frequencies(self, factor: float, length: int) -> tuple[torch.Tensor, float]:
-        return linear_inv_freq(self.head_dim, self.theta, factor, self.train_len)
-
-
-@register("rope-ntk-ft")
-class RoPENTKFT(RoPENTK):
-    summary = "NTK-aware scaling fine-tuned at the fine-tune length"
-    finetuned = True
-
-
-@register("rope-dynamic-ft")
-class RoPEDynamicFT(RoPEDynamic):
-    summary = "dynamic NTK fine-tuned at the fine-tune length"
-    finetuned = True
-
-
-@register("rope-yarn-ft")
-class RoPEYaRNFT(RoPEYaRN):
-    summary = "YaRN fine-tuned at the fine-tune length, as in the paper; Peng et al. 2024"
-    finetuned = True
-
-
-@register("rope-llama3-ft")
-class RoPELlama3FT(RoPELlama3):
-    summary = "Llama 3.1 scaling fine-tuned at the fine-tune length"
-    finetuned = True
+for _entry in SCALING_TABLE:
+    register(f"rope-{_entry.name}-ft")(_finetuned_row(_entry))

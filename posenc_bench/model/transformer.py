@@ -28,7 +28,6 @@ from torch import nn
 
 from posenc_bench import encodings
 from posenc_bench.model import distance_bias
-from posenc_bench.data import VOCAB_SIZE
 from posenc_bench.errors import ConfigError
 
 
@@ -38,7 +37,7 @@ class ModelConfig:
     n_layers: int = 4
     n_heads: int = 4
     mlp_ratio: int = 4
-    vocab_size: int = VOCAB_SIZE
+    vocab_size: int = 257  # 256 byte values + BOS (data.VOCAB_SIZE; the config checks it is at least that)
     # per-encoding keyword options, e.g. {"t5": {"num_buckets": 32}, "rope": {"theta": 10000.0}}
     encoding_options: dict = field(default_factory=dict)
 

@@ -21,7 +21,8 @@ import torch.multiprocessing as mp
 from posenc_bench.bench.config import TrainConfig, load_config
 from posenc_bench.data import TrainBatches
 from posenc_bench.model.transformer import DecoderLM, ModelConfig
-from posenc_bench.bench.train import train
+from posenc_bench.bench.train import Resume, train
+from posenc_bench.bench.runtime import Runtime
 
 LOSS_TOL, WEIGHT_TOL = 1e-5, 1e-5
 STEPS = 20
@@ -43,10 +44,10 @@ def _cfg():
     return TrainConfig(train_len=16, batch_size=8, steps=STEPS, lr=3e-3, warmup_steps=5, log_every=2)
 
 
-def _train(dist=None, grad_accum=1, **kw):
+def _train(dist=None, grad_accum=1, state_path=None, save_every=0, state_key=""):
     model = DecoderLM(ModelConfig(d_model=32, n_layers=2, n_heads=2), "t5", 16, seed=0)
-    out = train(model, TrainBatches(_stream(), 16, 8, seed=0), _cfg(), device=torch.device("cpu"),
-                show_progress=False, dist=dist, grad_accum=grad_accum, **kw)
+    out = train(model, TrainBatches(_stream(), 16, 8, seed=0), _cfg(), Runtime(torch.device("cpu"), dist=dist, show_progress=False),
+                resume=Resume(state_path, save_every, state_key), grad_accum=grad_accum)
     return out, {k: v.clone() for k, v in model.state_dict().items()}
 
 
@@ -68,7 +69,7 @@ def _interrupted_state(path: Path) -> None:
     batches.next = next_or_stop
     with pytest.raises(Stop):
         train(DecoderLM(ModelConfig(d_model=32, n_layers=2, n_heads=2), "t5", 16, seed=0), batches, _cfg(),
-              device=torch.device("cpu"), show_progress=False, state_path=path, save_every=10, state_key="k")
+              Runtime(torch.device("cpu"), show_progress=False), resume=Resume(path, 10, "k"))
 
 
 def _env(rank: int, world: int, port: int) -> None:
@@ -96,7 +97,7 @@ def _worker(rank: int, port: int, tmp: str) -> None:
                                   state_key="k"),
         }
         if dist.is_main:
-            Sweep(cfg, dist=dist, show_progress=False, log=lambda line: None).run()
+            Sweep(cfg, Runtime.create(cfg.device, cfg.precision, dist=dist, show_progress=False, log=lambda line: None)).run()
         else:
             train_worker(cfg, dist)
     finally:
@@ -198,7 +199,7 @@ def test_two_process_sweep_gives_the_single_process_numbers_and_only_rank_0_writ
     out0 = ddp / "out-rank0"
     data = json.loads((out0 / "results.json").read_text())
     cfg = load_config("configs/ci.yaml", {**SWEEP, **_data(ddp), "out": str(tmp_path / "single")})
-    single = Sweep(cfg, show_progress=False, log=lambda line: None).run()
+    single = Sweep(cfg, Runtime.create(cfg.device, cfg.precision, show_progress=False, log=lambda line: None)).run()
     a, b = _numbers(data), _numbers(single)
     assert a.keys() == b.keys() and len(a) == 6
     for key in a:

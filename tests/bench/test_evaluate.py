@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from posenc_bench.bench.evaluate import evaluate_length, segment_length, windows
+from posenc_bench.bench.evaluate import Scoring, evaluate_length, segment_length, windows
 
 
 def segments(n=3, S=24, seed=0):
@@ -44,11 +44,11 @@ def test_strided_windows_score_every_target_once_with_enough_context(length, str
 def test_stride_of_the_length_is_the_non_overlapping_protocol():
     seg = segments()
     model = Bigram()
-    plain = evaluate_length(model, seg, 8, batch_tokens=64)
+    plain = evaluate_length(model, seg, 8, Scoring(batch_tokens=64))
     for stride in (8, 100):
-        same = evaluate_length(model, seg, 8, batch_tokens=64, stride=stride)
+        same = evaluate_length(model, seg, 8, Scoring(batch_tokens=64, stride=stride))
         assert same["loss"] == plain["loss"] and same["loss_by_position"] == plain["loss_by_position"]
-    strided = evaluate_length(model, seg, 8, batch_tokens=64, stride=3)
+    strided = evaluate_length(model, seg, 8, Scoring(batch_tokens=64, stride=3))
     # a context-free model: the same targets give the same total loss whatever the windows
     assert strided["tokens"] == plain["tokens"] and strided["loss"] == pytest.approx(plain["loss"], rel=1e-12)
     assert strided["bytes"] == plain["bytes"]
@@ -75,7 +75,7 @@ def test_ppl_is_token_weighted_and_matches_a_hand_computation():
     inputs, targets = seg[:, :-1].flatten(), seg[:, 1:].flatten()
     hand = -sum(float(logp[i, t]) for i, t in zip(inputs.tolist(), targets.tolist())) / targets.numel()
     for length in (8, 5, 24):  # a bigram's context is one token, so every length gives the same ppl
-        res = evaluate_length(model, seg, length, batch_tokens=7)
+        res = evaluate_length(model, seg, length, Scoring(batch_tokens=7))
         assert res["tokens"] == targets.numel()
         assert res["loss"] == pytest.approx(hand, rel=1e-9)
         assert res["ppl"] == pytest.approx(math.exp(hand), rel=1e-9)
@@ -91,7 +91,7 @@ def test_uniform_model_has_ppl_equal_to_vocabulary():
 
 def test_loss_by_position_buckets():
     seg = segments(n=2, S=16)
-    res = evaluate_length(Bigram(), seg, 8, buckets=4, bucket_span=16)
+    res = evaluate_length(Bigram(), seg, 8, Scoring(buckets=4, bucket_span=16))
     spans = [(b["start"], b["end"]) for b in res["loss_by_position"]]
     assert spans == [(0, 4), (4, 8)]  # only positions < 8 exist at length 8
     assert sum(b["tokens"] for b in res["loss_by_position"]) == res["tokens"]

@@ -3,7 +3,8 @@ import os
 
 import pytest
 
-from posenc_bench.bench.records import ResultsError, ResultsStore, atomic_write_json, read_results
+from posenc_bench.bench.records import ResultsError, ResultsStore, read_results
+from posenc_bench.files import atomic_write_json
 
 
 def test_atomic_write_leaves_no_temporary_and_ordinary_permissions(tmp_path):

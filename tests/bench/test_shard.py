@@ -7,7 +7,7 @@ import pytest
 
 from posenc_bench.commands.cli import main
 from posenc_bench.bench.config import load_config
-from posenc_bench.bench.shard import first_difference, parse_shard, shard_cells, training_unit
+from posenc_bench.bench.shard import parse_shard, shard_cells, training_unit
 
 TINY = ["--config", "configs/ci.yaml", "--train-len", "16", "--steps", "4", "--batch-size", "8", "--d-model", "32",
         "--n-layers", "1", "--eval-tokens", "256", "--eval-lens", "1x,2x", "--progress", "off",
@@ -24,6 +24,17 @@ def sweeps(tmp_path_factory):
         assert main(["run", *TINY, *data, "--shard", f"{i}/3", "--out", str(tmp / "shared")]) == 0
     assert main(["run", *TINY, *data, "--out", str(tmp / "single")]) == 0
     return tmp
+
+
+def first_difference(a, b, where=""):
+    """The dotted path of the first field where two nested dicts differ (None if equal)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in list(a) + [k for k in b if k not in a]:
+            d = first_difference(a.get(key), b.get(key), f"{where}.{key}" if where else key)
+            if d is not None:
+                return d
+        return None
+    return None if a == b else (where, a, b)
 
 
 def small_corpus(folder):

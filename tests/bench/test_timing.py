@@ -97,7 +97,7 @@ def test_measure_runs_at_the_configured_thread_count(threads):
 
 @pytest.mark.parametrize("args,message", [
     (["--lengths", "12,abc"], "--lengths '12,abc'"),
-    (["--dtype", "fp8"], "dtype 'fp8' is not supported; valid: fp32, bf16"),
+    (["--precision", "fp8"], "precision 'fp8' is not supported here; valid: fp32, bf16"),
     (["--lengths", "0"], "lengths must be positive"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, message):

@@ -6,7 +6,8 @@ import torch
 from posenc_bench.bench.config import TrainConfig
 from posenc_bench.data import TrainBatches
 from posenc_bench.model.transformer import DecoderLM, ModelConfig
-from posenc_bench.bench.train import lr_at, train
+from posenc_bench.bench.train import Resume, lr_at, train
+from posenc_bench.bench.runtime import Runtime
 
 
 def test_schedule_warms_up_then_decays_to_the_floor():
@@ -30,7 +31,7 @@ def _run(encoding="rope", **overrides):
     for k, v in overrides.items():
         setattr(cfg, k, v)
     model = DecoderLM(ModelConfig(d_model=32, n_layers=1, n_heads=2), encoding, 16, seed=0)
-    out = train(model, TrainBatches(_stream(), 16, 8, seed=0), cfg, device=torch.device("cpu"), show_progress=False)
+    out = train(model, TrainBatches(_stream(), 16, 8, seed=0), cfg, Runtime(torch.device("cpu"), show_progress=False))
     return model, out
 
 
@@ -55,8 +56,8 @@ def test_divergence_is_recorded_with_the_last_finite_loss():
 def test_bf16_autocast_path_runs_on_cpu():
     cfg = TrainConfig(train_len=16, batch_size=4, steps=3, warmup_steps=1, log_every=1)
     model = DecoderLM(ModelConfig(d_model=32, n_layers=1, n_heads=2), "alibi", 16)
-    out = train(model, TrainBatches(_stream(), 16, 4, 0), cfg, device=torch.device("cpu"),
-                autocast_dtype=torch.bfloat16, show_progress=False)
+    out = train(model, TrainBatches(_stream(), 16, 4, 0), cfg,
+                Runtime(torch.device("cpu"), torch.bfloat16, show_progress=False))
     assert out.status == "ok" and len(out.curve) == 3
 
 
@@ -66,7 +67,7 @@ def test_interrupted_training_resumes_to_the_uninterrupted_result(tmp_path):
     state = tmp_path / "train_state.pt"
 
     ref_model = DecoderLM(model_cfg, "t5", 16, seed=0)
-    ref = train(ref_model, TrainBatches(_stream(), 16, 8, seed=0), cfg, device=torch.device("cpu"), show_progress=False)
+    ref = train(ref_model, TrainBatches(_stream(), 16, 8, seed=0), cfg, Runtime(torch.device("cpu"), show_progress=False))
 
     class Interrupt(Exception):
         pass
@@ -82,14 +83,14 @@ def test_interrupted_training_resumes_to_the_uninterrupted_result(tmp_path):
 
     batches.next = next_or_stop
     with pytest.raises(Interrupt):
-        train(DecoderLM(model_cfg, "t5", 16, seed=0), batches, cfg, device=torch.device("cpu"), show_progress=False,
-              state_path=state, save_every=10, state_key="k")
+        train(DecoderLM(model_cfg, "t5", 16, seed=0), batches, cfg, Runtime(torch.device("cpu"), show_progress=False),
+              resume=Resume(state, 10, "k"))
     assert torch.load(state, weights_only=True)["step"] == 20
 
     logs = []
     model = DecoderLM(model_cfg, "t5", 16, seed=0)
-    out = train(model, TrainBatches(_stream(), 16, 8, seed=0), cfg, device=torch.device("cpu"), show_progress=False,
-                state_path=state, save_every=10, state_key="k", log=logs.append)
+    out = train(model, TrainBatches(_stream(), 16, 8, seed=0), cfg, Runtime(torch.device("cpu"), show_progress=False, log=logs.append),
+                resume=Resume(state, 10, "k"))
     assert logs and "resuming from step 20" in logs[0]
     assert out.curve == ref.curve and out.status == "ok"
     for (name, p), q in zip(model.state_dict().items(), ref_model.state_dict().values()):
@@ -98,6 +99,5 @@ def test_interrupted_training_resumes_to_the_uninterrupted_result(tmp_path):
     # a state saved under another key (another config) is ignored
     logs.clear()
     train(DecoderLM(model_cfg, "t5", 16, seed=0), TrainBatches(_stream(), 16, 8, seed=0), cfg,
-          device=torch.device("cpu"), show_progress=False, state_path=state, save_every=0, state_key="other",
-          log=logs.append)
+          Runtime(torch.device("cpu"), show_progress=False, log=logs.append), resume=Resume(state, 0, "other"))
     assert logs == []

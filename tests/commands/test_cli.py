@@ -216,10 +216,10 @@ def test_interrupted_training_continues_from_its_last_save(tmp_path, capsys, mon
     ("rope+sw16,alibi", ["rope+sw16", "alibi"]),
 ])
 def test_encodings_flag(value, expected):
-    from posenc_bench.commands.cli import _parse_encodings
+    from posenc_bench.commands.run import parse_encodings
     from posenc_bench.bench.config import RunConfig
 
-    assert _parse_encodings(value, RunConfig().encodings) == expected
+    assert parse_encodings(value, RunConfig().encodings) == expected
 
 
 def test_corrupt_results_file_is_a_clear_error(tmp_path, capsys):
@@ -238,3 +238,124 @@ def test_strided_protocol_is_recorded_and_captioned(tmp_path, capsys):
     assert "strided protocol: each window scores its last 8 targets" in (tmp_path / "out" / "table.md").read_text()
     assert run(tmp_path, "--encodings", "rope", "--stride", "8", out="bad") == 2
     assert "the strided protocol needs a stride >= 1 token" in capsys.readouterr().err
+
+
+# ---- the command modules: one per command, the same flags spelled the same way ---------------------------
+
+COMMANDS = ("run", "report", "plot", "gate", "passkey", "merge", "eval", "time", "list")
+MINIMAL = {  # the fewest arguments each command's parser accepts
+    "run": [], "report": ["r"], "plot": ["r"], "gate": ["--baseline", "b.json"], "passkey": ["--model", "m"],
+    "merge": ["a", "--out", "o"], "eval": ["--model", "m"], "time": [], "list": [],
+}
+
+
+def parsed(command, *extra):
+    from posenc_bench.commands.cli import build_parser
+
+    return build_parser().parse_args([command, *MINIMAL[command], *extra])
+
+
+def subparser(command):
+    from posenc_bench.commands.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    return sub.choices[command]
+
+
+def test_one_module_per_command_and_nothing_outside_commands_imports_them():
+    import importlib
+    import re
+    from pathlib import Path
+
+    from posenc_bench.commands import cli
+
+    assert cli.COMMANDS == COMMANDS
+    for name in COMMANDS:
+        module = importlib.import_module(f"posenc_bench.commands.{name}")
+        assert callable(module.add_parser) and callable(module.cmd)
+        assert parsed(name).func is module.cmd and parsed(name).command == name
+    package = Path(cli.__file__).resolve().parents[1]
+    importers = [str(p.relative_to(package)) for p in package.rglob("*.py")
+                 if "commands" not in p.relative_to(package).parts[:1]
+                 and re.search(r"posenc_bench\.commands|from posenc_bench import commands", p.read_text())]
+    assert importers == ["__main__.py"]  # python -m posenc_bench: the entry point only
+
+
+def test_precision_is_one_flag_with_the_env_vocabulary():
+    from posenc_bench import env
+    from posenc_bench.bench import timing
+    from posenc_bench.commands import cli, run, time
+
+    assert cli.PRECISIONS == tuple(env.PRECISIONS)
+    assert time.PRECISIONS == timing.PRECISIONS and set(run.PRECISIONS) <= set(env.PRECISIONS)
+    for command, valid in (("run", run.PRECISIONS), ("eval", cli.PRECISIONS), ("time", time.PRECISIONS)):
+        flags = {o: a for a in subparser(command)._actions for o in a.option_strings}
+        assert "--precision" in flags and "--dtype" not in flags, command
+        assert flags["--precision"].help.startswith(" | ".join(valid)), (command, flags["--precision"].help)
+    for command in set(COMMANDS) - {"run", "eval", "time"}:
+        flags = {o for a in subparser(command)._actions for o in a.option_strings}
+        assert not flags & {"--precision", "--dtype"}, command
+    assert parsed("time").precision == "fp32"
+    assert parsed("eval").precision is None and parsed("run").precision is None  # the model's / the config's
+
+
+def test_device_default_is_auto_in_every_command_with_a_device():
+    from posenc_bench.commands.run import overrides
+
+    for command in ("passkey", "time", "eval", "run"):
+        assert parsed(command).device == "auto", command
+        assert "auto" in next(a for a in subparser(command)._actions if a.dest == "device").help
+    for command in set(COMMANDS) - {"passkey", "time", "eval", "run"}:
+        assert not hasattr(parsed(command), "device"), command
+    # run's auto leaves a config file's device (configs/long-2048.yaml: cuda) alone; a typed --device wins
+    assert "device" not in overrides(parsed("run"), [])
+    assert overrides(parsed("run", "--device", "auto"), [])["device"] == "auto"
+    assert overrides(parsed("run", "--device", "cpu"), [])["device"] == "cpu"
+
+
+def test_report_format_markdown_is_md(tmp_path, capsys):
+    from posenc_bench.analysis import report
+
+    folder = "results/default"  # committed
+    assert main(["report", folder, "--format", "md"]) == 0
+    md = capsys.readouterr().out
+    assert main(["report", folder, "--format", "markdown"]) == 0
+    assert capsys.readouterr().out == md == report.render(report.load_runs([folder]), fmt="md")
+    assert main(["report", folder, "--format", "markdown", "--out", str(tmp_path / "t.txt")]) == 0
+    assert (tmp_path / "t.txt").read_text() == md
+    readme = tmp_path / "README.md"
+    readme.write_text(f"<!-- posenc-bench table: {folder} -->\n<!-- /posenc-bench table -->\n")
+    assert main(["report", folder, "--format", "markdown", "--update", str(readme)]) == 0  # --update takes it too
+    assert report.read_block(readme.read_text(), folder) == md
+
+
+def test_eval_precision_fp8_is_one_line_naming_the_valid_ones(tmp_path, capsys):
+    # checked before the model is looked for: this folder does not exist either
+    assert main(["eval", "--model", "hf:/no/such/folder", "--precision", "fp8", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err == "posenc-bench eval: error: precision 'fp8' is not supported here; valid: fp32, bf16, fp16\n"
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command, argv, example", [
+    ("run", MICRO, "train.warmup_steps=50"),
+    ("gate", ["--current", "nowhere", "--baseline", "b.json"], "gate.ratio_tol=0.05"),
+])
+def test_set_needs_key_equals_value_in_run_and_gate(tmp_path, capsys, command, argv, example):
+    assert main([command, *argv, "--out", str(tmp_path / "o"), "--set", "oops"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"posenc-bench {command}: error: --set 'oops': expected KEY=VALUE, e.g. --set {example}\n"
+
+
+def test_set_values_are_yaml_and_the_last_wins():
+    from posenc_bench.commands.cli import parse_set
+
+    assert parse_set(["a.b=1", "c= [1, 2]", "a.b=x"], "k=v") == {"a.b": "x", "c": [1, 2]}
+    assert parse_set(None, "k=v") == {}
+
+
+def test_passkey_rope_scalings_are_the_hf_table():
+    from posenc_bench.hf.rope import SCALINGS
+
+    action = next(a for a in subparser("passkey")._actions if a.dest == "rope_scaling")
+    assert tuple(action.choices) == tuple(SCALINGS)

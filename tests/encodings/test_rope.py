@@ -3,7 +3,9 @@ import math
 import pytest
 import torch
 
-from posenc_bench.encodings.rope import RoPE, RoPELinear, default_inv_freq, linear_inv_freq, rope_cos_sin
+from posenc_bench import encodings
+from posenc_bench.encodings.rope import RoPE, default_inv_freq, rope_cos_sin
+from posenc_bench.encodings.rope_scaling import linear_inv_freq
 
 
 def test_scores_depend_only_on_relative_position():
@@ -60,7 +62,7 @@ def test_linear_scaling_is_default_over_factor_and_matches_transformers(factor):
 def test_rope_linear_positions_are_interpolated():
     """At factor f, position f*m of rope-linear is rotated exactly like position m of rope."""
     plain = RoPE(d_model=32, n_heads=2, train_len=16)
-    pi = RoPELinear(d_model=32, n_heads=2, train_len=16)
+    pi = encodings.build("rope-linear", d_model=32, n_heads=2, train_len=16)
     pi.set_eval_length(64)  # factor 4
     q, k = torch.randn(1, 2, 64, 16), torch.randn(1, 2, 64, 16)
     pq, _ = pi.rotate(q, k, torch.arange(64))

@@ -6,9 +6,11 @@ import pytest
 import torch
 
 from posenc_bench import encodings
-from posenc_bench.bench.config import RunConfig, cell_key, eval_key, load_config
+from posenc_bench.bench.config import RunConfig, load_config
+from posenc_bench.bench.keys import cell_key, eval_key
 from posenc_bench.encodings.rope import RoPE, default_inv_freq, rope_cos_sin
-from posenc_bench.encodings.rope_scaling import ntk_inv_freq
+from posenc_bench.encodings.rope_scaling import LLAMA3_FREQ_FACTORS, SCALING_TABLE, dynamic_frequencies, ntk_inv_freq
+from posenc_bench.errors import ConfigError
 
 T, D_MODEL, HEADS = 64, 64, 2  # head_dim 32
 HEAD_DIM = D_MODEL // HEADS
@@ -131,6 +133,56 @@ def test_a_fixed_factor_from_the_config_and_what_it_changes():
     cfg = load_config(None, {"encodings": ["rope", "rope-yarn"], "model.encoding_options": {"rope-yarn": {"factor": 2}}})
     plain = RunConfig()
     assert cell_key(cfg, "rope", None, 0, "fp") == cell_key(plain, "rope", None, 0, "fp")  # same trained model
-    assert eval_key(cfg) != eval_key(plain)  # other numbers: re-evaluated, not skipped
+    assert eval_key(cfg, "rope-yarn") != eval_key(plain, "rope-yarn")  # other numbers: re-evaluated, not skipped
     with pytest.raises(ValueError, match="factor must be 0"):
         build("rope-ntk", factor=0.5)
+
+
+@pytest.mark.parametrize("length", [T // 2, T, 3 * T // 2, 4 * T])
+def test_rope_linear_honours_a_configured_factor_at_every_length(length):
+    enc = build("rope-linear", factor=2.0)
+    enc.set_eval_length(length)
+    assert torch.equal(enc.inv_freq, default_inv_freq(HEAD_DIM)[0] / 2) and enc.attention_scale == 1.0
+
+
+def test_rope_dynamic_ft_takes_its_factor_from_the_fine_tune_length_not_the_zero_shot_default():
+    enc = build("rope-dynamic-ft")
+    enc.set_train_length(4 * T)
+    for length in (T, 2 * T, 4 * T, 8 * T):  # factor 4 (not rope-dynamic's default 2); still the window's length
+        enc.set_eval_length(length)
+        expected, scale = dynamic_frequencies(HEAD_DIM, 10000.0, 4.0, T, length)
+        assert torch.equal(enc.inv_freq, expected) and enc.attention_scale == scale, length
+    assert not torch.equal(enc.inv_freq, dynamic_frequencies(HEAD_DIM, 10000.0, 2.0, T, 8 * T)[0])
+
+
+@pytest.mark.parametrize("name", [f"rope-{s.name}-ft" for s in SCALING_TABLE])
+def test_a_configured_factor_on_a_fine_tuned_row_is_refused_naming_the_row(name):
+    from posenc_bench.model.transformer import ModelConfig, build_encoding
+
+    cfg = ModelConfig(encoding_options={name: {"factor": 2}})
+    with pytest.raises(ConfigError, match=f"{name}.*finetune.len"):
+        build_encoding(cfg, name, T)
+    build_encoding(ModelConfig(), name, T)  # without the option it builds
+
+
+def test_the_table_is_the_one_source_of_the_scalings():
+    from posenc_bench.hf import rope as hf_rope
+
+    names = [s.name for s in SCALING_TABLE]
+    assert set(hf_rope.SCALINGS) <= set(names) and "ntk" not in hf_rope.SCALINGS
+    assert hf_rope.SCALINGS == tuple(s.name for s in SCALING_TABLE if s.hf_rope_type)
+    registered = encodings.available()
+    for s in SCALING_TABLE:
+        zero_shot, tuned = encodings.get_class(f"rope-{s.name}"), encodings.get_class(f"rope-{s.name}-ft")
+        assert zero_shot.scaling is s and tuned.scaling is s and tuned.finetuned and not zero_shot.finetuned
+    assert [n for n in registered if n.startswith("rope-") and n != "rope-ft"] == \
+        [f"rope-{n}" for n in names] + [f"rope-{n}-ft" for n in names]
+    llama3 = encodings.get_class("rope-llama3").scaling
+    assert hf_rope.LLAMA3_FREQ_FACTORS is LLAMA3_FREQ_FACTORS and llama3.hf_parameters == LLAMA3_FREQ_FACTORS
+    params = hf_rope.scaling_parameters({"rope_theta": 10000.0}, "llama3", 4.0, T)
+    assert {k: params[k] for k in LLAMA3_FREQ_FACTORS} == LLAMA3_FREQ_FACTORS
+    # the factors rope-llama3 computes with are these: transformers' llama3 at them gives its frequencies
+    enc = build("rope-llama3")
+    enc.set_eval_length(4 * T)
+    assert torch.equal(enc.inv_freq, hf_rotary("llama3", factor=4.0, original_max_position_embeddings=T,
+                                                **LLAMA3_FREQ_FACTORS).inv_freq)

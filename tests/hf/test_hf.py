@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from posenc_bench.hf import model as hf
+from posenc_bench.hf import rope as hf_rope
+from posenc_bench.hf import tokenize as hf_tokenize
 from posenc_bench.commands.cli import main
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -38,7 +40,7 @@ def llama_eval(llama_dir, tmp_path_factory):
 
 def test_tokenization_covers_each_document_once_with_its_bytes(tokenizer):
     docs = [("a.py", "def f(x):\n    return x  # café ü\n".encode()), ("b.py", b"import os\n\nprint(os.sep)\n")]
-    tokens, nbytes = hf.tokenize_documents(tokenizer, docs, tokenizer.bos_token_id, min_tokens=10**6)
+    tokens, nbytes = hf_tokenize.tokenize_documents(tokenizer, docs, tokenizer.bos_token_id, min_tokens=10**6)
     expected = []
     for _, text in docs:
         expected += [tokenizer.bos_token_id] + tokenizer(text.decode(), add_special_tokens=False)["input_ids"]
@@ -60,9 +62,9 @@ def test_ppl_equals_transformers_own_loss_on_the_same_windows(llama_dir, llama_e
     assert run["train_len"] == 32 and run["eval_lengths"] == [32, 48, 128]
     S = segment_length(run["eval_lengths"])
     assert run["segment_len"] == S == 384
-    sep, _ = hf.document_separator(tokenizer)
+    sep, _ = hf_tokenize.document_separator(tokenizer)
     assert sep == tokenizer.eos_token_id  # this tokenizer adds no BOS itself: GPT-2 style separator
-    tokens, nbytes = hf.tokenize_documents(tokenizer, load_corpus("stdlib").splits["test"], sep, S + 1)
+    tokens, nbytes = hf_tokenize.tokenize_documents(tokenizer, load_corpus("stdlib").splits["test"], sep, S + 1)
     seg = eval_segments(tokens, S, 384)
     seg_bytes = eval_segments(nbytes, S, 384)
     model = AutoModelForCausalLM.from_pretrained(llama_dir).eval()
@@ -88,7 +90,7 @@ def test_results_have_the_run_schema_and_report_reads_them(llama_eval):
     from posenc_bench.analysis.report import results_markdown
 
     data, out = llama_eval
-    rows = ["hf:tiny-llama"] + [f"hf:tiny-llama+{s}" for s in hf.SCALINGS]
+    rows = ["hf:tiny-llama"] + [f"hf:tiny-llama+{s}" for s in hf_rope.SCALINGS]
     assert data["run"]["rows"] == rows
     assert {(r["encoding"], r["eval_len"]) for r in data["records"]} == {(r, L) for r in rows for L in (32, 48, 128)}
     required = {"encoding", "seed", "train_len", "eval_len", "ratio", "status", "reason", "ppl", "bpb", "loss",
@@ -100,7 +102,7 @@ def test_results_have_the_run_schema_and_report_reads_them(llama_eval):
     assert m["class"] == "LlamaForCausalLM" and m["files_sha256"] and m["dtype"] == "float32" and m["chunked_head"]
     assert data["run"]["versions"]["transformers"] and data["run"]["git_commit"]
     ppl = {(r["encoding"], r["eval_len"]): r["ppl"] for r in data["records"]}
-    for s in hf.SCALINGS:  # factor 1 at the train length: every scaling is the unscaled model
+    for s in hf_rope.SCALINGS:  # factor 1 at the train length: every scaling is the unscaled model
         assert ppl[(f"hf:tiny-llama+{s}", 32)] == pytest.approx(ppl[("hf:tiny-llama", 32)], rel=1e-6)
         assert ppl[(f"hf:tiny-llama+{s}", 128)] != pytest.approx(ppl[("hf:tiny-llama", 128)], rel=1e-4)
     reused = {r["encoding"] for r in data["records"] if r.get("same_as")}
@@ -131,7 +133,7 @@ def test_rerun_skips_finished_rows_and_refuses_another_model(llama_eval, llama_d
     assert (out / "results.json").read_text() == mid  # refused before writing anything
 
 
-@pytest.mark.parametrize("scaling", hf.SCALINGS)
+@pytest.mark.parametrize("scaling", hf_rope.SCALINGS)
 def test_scaling_is_what_transformers_computes_for_that_config(llama_dir, scaling):
     """Our swapped rotary module has transformers' frequencies, and the model gives the logits of a model
     built by transformers with that rope_parameters config from the start."""
@@ -141,8 +143,8 @@ def test_scaling_is_what_transformers_computes_for_that_config(llama_dir, scalin
     model = hf.HFModel(hf.resolve_model(f"hf:{llama_dir}"), device=torch.device("cpu"))
     train_len, L = 32, 128
     factor = L / train_len
-    params = hf.scaling_parameters(model.rope_parameters(), scaling, factor, train_len)
-    mpe = hf.scaled_max_positions(scaling, factor, train_len)
+    params = hf_rope.scaling_parameters(model.rope_parameters(), scaling, factor, train_len)
+    mpe = hf_rope.scaled_max_positions(scaling, factor, train_len)
     reference = LlamaForCausalLM.from_pretrained(llama_dir, rope_parameters=dict(params), max_position_embeddings=mpe).eval()
     assert reference.config.rope_parameters["rope_type"] == scaling
     expected_inv_freq, expected_scale = ROPE_INIT_FUNCTIONS[scaling](reference.config, "cpu")
@@ -234,7 +236,7 @@ def test_own_checkpoint_gives_the_numbers_run_wrote(tmp_path):
     (["--model", "results/nothing-here"], "expected hf:"),
     (["--model", "hf:x.gguf"], "no GGUF file"),
     (["--model", "hf:{llama}", "--rope-scaling", "ntk"], "valid: linear, dynamic, yarn, llama3"),
-    (["--model", "hf:{llama}", "--dtype", "fp8"], "valid: float32, bfloat16, float16"),
+    (["--model", "hf:{llama}", "--precision", "fp8"], "valid: fp32, bf16, fp16"),
     (["--model", "hf:{llama}", "--doc-sep", "<nope>"], "is not a token of this tokenizer"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, llama_dir, tmp_path, capsys):
@@ -270,7 +272,7 @@ def test_smollm2_gguf_real_weights(tmp_path):
     assert data["run"]["model"]["max_position_embeddings"] == 8192
     assert 2 < ppl[(row, 64)] < 40  # vocabulary 49152: a model that knows Python, not chance (~25 at 64 tokens)
     assert ppl[(row, 128)] < ppl[(row, 64)]  # 128 is inside its real context: more context helps
-    for s in hf.SCALINGS:
+    for s in hf_rope.SCALINGS:
         assert ppl[(f"{row}+{s}", 64)] == pytest.approx(ppl[(row, 64)], rel=1e-5)
 
 

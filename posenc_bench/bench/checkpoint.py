@@ -1,0 +1,164 @@
+"""Our checkpoints: written atomically, verified on load, turned into a model by one function for every caller.
+
+A checkpoint is a folder ``<out>/checkpoints/<trained row>-seed<s>`` (a ``-ft`` row has its own) holding
+
+- ``model.safetensors``: the weights (absent for a diverged run: its meta records why);
+- ``config.json``: the meta, written last, so it is the "finished" marker: ``cell_key`` (what the weights
+  depend on), ``encoding``, ``window``, ``seed``, the run ``config``, ``corpus_fingerprint``, the training
+  ``outcome`` (and ``finetune`` for a -ft row), and ``weights_sha256``, the hash of the weights file at save.
+
+Each file goes to a temporary name and is renamed into place, so a reader sees a whole file or none; an old
+``config.json`` is removed before new weights are written, so a crash in between leaves no meta beside
+weights it does not describe. Loading checks the hash (checkpoints written before it was recorded are
+checked by safetensors' own parsing) and raises :class:`CheckpointError`: the sweep retrains such a cell
+with one warning line; ``eval`` and ``passkey`` stop with one error line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from posenc_bench import encodings
+from posenc_bench.bench.config import RunConfig, _from_dict, row_name
+from posenc_bench.errors import ConfigError, PosencError
+from posenc_bench.files import atomic_write, atomic_write_text
+from posenc_bench.model.transformer import DecoderLM
+
+WEIGHTS, META = "model.safetensors", "config.json"
+
+
+class CheckpointError(PosencError):
+    """A checkpoint folder that is not whole: unreadable meta, missing or corrupt weights."""
+
+
+def checkpoint_dir(out: Path | str, name: str, window: Optional[int], seed: int) -> Path:
+    """Where the model of (trained or fine-tuned encoding, window, seed) lives in a results folder."""
+    return Path(out) / "checkpoints" / f"{row_name(name, window)}-seed{seed}"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def save(path: Path, model: Optional[torch.nn.Module], meta: dict) -> None:
+    """Weights (None: a diverged run, meta only), then the meta with the weights' hash, each atomically."""
+    from safetensors.torch import save_model
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / META).unlink(missing_ok=True)  # never leave old meta beside new weights
+    meta = dict(meta)
+    if model is not None:
+        atomic_write(path / WEIGHTS, lambda tmp: save_model(model, tmp))  # handles tied weights
+        meta["weights_sha256"] = _sha256(path / WEIGHTS)
+    else:
+        (path / WEIGHTS).unlink(missing_ok=True)
+    atomic_write_text(path / META, json.dumps(meta, indent=1) + "\n")
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    meta: dict
+
+    @property
+    def finished_ok(self) -> bool:
+        return self.meta["outcome"]["status"] == "ok"
+
+    @property
+    def config(self) -> RunConfig:
+        return _from_dict(RunConfig, self.meta["config"], "")
+
+    def load_into(self, model: DecoderLM) -> DecoderLM:
+        """``model`` with these weights (strict: every tensor must fit), verified against the recorded hash."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_model
+
+        weights = self.path / WEIGHTS
+        if not weights.is_file():
+            raise CheckpointError(f"checkpoint {str(self.path)!r} has no {WEIGHTS}")
+        expected = self.meta.get("weights_sha256")
+        if expected is not None and _sha256(weights) != expected:
+            raise CheckpointError(f"checkpoint {str(self.path)!r}: {WEIGHTS} does not match the hash recorded when "
+                                  "it was saved (truncated or overwritten)")
+        try:
+            load_model(model, str(weights))
+        except (SafetensorError, RuntimeError, OSError) as e:
+            raise CheckpointError(f"checkpoint {str(self.path)!r}: {WEIGHTS} cannot be read "
+                                  f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+        if self.meta.get("finetune"):  # a -ft row's checkpoint: its scaling is fixed at the fine-tune length
+            model.encoding.set_train_length(self.meta["finetune"]["len"])
+        return model
+
+
+def read(path: Path | str) -> Checkpoint:
+    """The checkpoint at ``path``; CheckpointError if its meta is missing or unreadable."""
+    path = Path(path)
+    try:
+        meta = json.loads((path / META).read_text())
+        for key in ("config", "encoding", "window", "seed", "outcome"):
+            meta[key]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{str(path)!r} is not a posenc-bench checkpoint folder ({type(e).__name__}: {e})") from None
+    return Checkpoint(path, meta)
+
+
+def find(path: Path, key: str) -> Optional[Checkpoint]:
+    """The finished checkpoint at ``path`` if it was made with ``key`` (None: absent, unfinished or another
+    key, so the caller trains). Raises CheckpointError when a finished one is damaged."""
+    if not (path / META).is_file():
+        return None
+    ckpt = read(path)
+    if ckpt.meta.get("cell_key") != key:
+        return None
+    if ckpt.finished_ok and not (path / WEIGHTS).is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r} has no {WEIGHTS}")
+    return ckpt
+
+
+def build_model(cfg: RunConfig, name: str, window: Optional[int], seed: int) -> DecoderLM:
+    """A fresh model of this run for encoding ``name``: the one constructor call of the package."""
+    return DecoderLM(cfg.model, name, cfg.train.train_len, window=window, seed=seed, max_mask_bytes=cfg.max_mask_bytes)
+
+
+def load_model(path: Path | str, encoding: Optional[str] = None, device: str | torch.device = "cpu"
+               ) -> tuple[DecoderLM, Checkpoint]:
+    """Our checkpoint -> (model in eval mode on ``device``, checkpoint), with its trained encoding or an
+    eval-only variant of it (``encoding``, e.g. rope-yarn on the rope checkpoint)."""
+    ckpt = read(path)
+    trained, window = ckpt.meta["encoding"], ckpt.meta["window"]
+    name = encoding or trained
+    cls = encodings.get_class(name)
+    if name != trained and (cls.trained_as or name) != trained:
+        raise ConfigError(f"encoding {name!r} does not evaluate the trained {trained!r} model; variants of it: "
+                          + ", ".join(n for n in encodings.available() if encodings.get_class(n).trained_as == trained))
+    if cls.finetuned and not ckpt.meta.get("finetune"):
+        raise ConfigError(f"encoding {name!r} is fine-tuned: give its own checkpoint "
+                          f"(checkpoints/{name}-seed<s>), not the {trained!r} one")
+    if not ckpt.finished_ok:
+        raise CheckpointError(f"checkpoint {str(ckpt.path)!r} holds no weights: its training "
+                              f"{ckpt.meta['outcome'].get('reason') or 'did not finish'}")
+    model = ckpt.load_into(build_model(ckpt.config, name, window, ckpt.meta["seed"]))
+    return model.to(device).eval(), ckpt
+
+
+def encoding_state(path: Path | str) -> dict[str, torch.Tensor]:
+    """The trained encoding's own parameters from a checkpoint (for drawing a learned bias), verified."""
+    from safetensors.torch import load_file
+
+    ckpt = read(path)
+    weights = Path(path) / WEIGHTS
+    expected = ckpt.meta.get("weights_sha256")
+    if not weights.is_file() or (expected is not None and _sha256(weights) != expected):
+        raise CheckpointError(f"checkpoint {str(path)!r}: {WEIGHTS} is missing or does not match its recorded hash")
+    state = load_file(str(weights))
+    return {k.removeprefix("encoding."): v for k, v in state.items() if k.startswith("encoding.")}

@@ -1,0 +1,280 @@
+"""`posenc-bench eval`: pretrained models (Hugging Face, or our own checkpoints) through the same protocol.
+
+A Hugging Face model (``hf/model.py``) reads the held-out documents of ``data.py``'s corpus through its own
+tokenizer (``hf/tokenize.py``, with the bytes behind every token); segments, windows, token-weighted ppl and
+the loss by position are ``evaluate.py``'s, unchanged. Eval lengths are multiples of its train length. RoPE
+scalings (rows ``hf:<model>+linear``, ``+dynamic``, ``+yarn``, ``+llama3``) go through ``hf/rope.py``. A model
+without rotary embeddings gets ``n/a`` for every scaling, and ``n/a`` past its absolute position table.
+
+One of our checkpoints (``bench/checkpoint.py``) is evaluated exactly as ``run`` evaluates it (byte tokens, its
+config's lengths, tokens and batch size unless overridden), with ``--rope-scaling X`` as the registered
+eval-only variant ``<encoding>-X`` of its trained encoding.
+
+Records, run metadata and the output folder (locked, and refused when it holds results measured another way,
+e.g. another checkpoint's) are ``bench/records.py``'s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from posenc_bench import encodings
+from posenc_bench.bench import checkpoint
+from posenc_bench.bench.config import DEFAULT_EVAL_LENS, RunConfig, parse_eval_lens, row_name, validate
+from posenc_bench.bench.evaluate import EvalSet, Scoring, evaluate_length, evaluate_model, segment_length
+from posenc_bench.bench.keys import eval_key
+from posenc_bench.bench.records import (ResultsFolder, ResultsStore, measured, new_record, not_measured, run_meta,
+                                        summary_line)
+from posenc_bench.bench.runtime import Runtime
+from posenc_bench.data import Corpus, eval_segments, load_corpus
+from posenc_bench.env import device_description, resolve_device, version_of
+from posenc_bench.errors import ConfigError, PosencError, PositionOutOfRange
+from posenc_bench.files import file_hash
+from posenc_bench.hf.model import HFModel, ModelSpec, resolve_model
+from posenc_bench.hf.rope import scaled_max_positions, scaling_parameters
+from posenc_bench.hf.tokenize import document_separator, tokenize_documents
+
+DEFAULT_EVAL_TOKENS = 16384
+HF_BUCKETS = 64
+
+
+@dataclass
+class EvalOptions:
+    """Everything `posenc-bench eval` takes (the CLI flags, one to one)."""
+
+    model: str
+    eval_lens: Optional[list] = None  # None: the checkpoint's own config, or 1,1.5,2,4x for a HF model
+    rope_scaling: list = field(default_factory=list)
+    train_len: Optional[int] = None
+    data: Optional[str] = None  # None: the checkpoint's own corpus, or stdlib
+    eval_tokens: Optional[int] = None
+    out: Optional[str] = None
+    device: str = "auto"
+    precision: Optional[str] = None  # None: fp32 for a Hugging Face model, a checkpoint's own config
+    trust_remote_code: bool = False
+    doc_sep: str = "auto"
+    fresh: bool = False
+    show_progress: Optional[bool] = None
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^\w.-]+", "-", name).strip("-") or "model"
+
+
+def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> tuple[Path, dict]:
+    """Evaluate ``opts.model``; returns the output folder and its results (results.json written)."""
+    spec = resolve_model(opts.model)
+    if spec.kind == "checkpoint":
+        return eval_checkpoint(spec, opts, log)
+    return eval_hf(spec, opts, log)
+
+
+def _evaluate_rows(folder: ResultsFolder, run: dict, fresh: bool, evaluate_row: Callable[[ResultsStore, str], None]
+                   ) -> dict:
+    """Every row of ``run`` into the locked, identity-checked folder: ``evaluate_row(store, row)`` each."""
+    with folder:
+        if fresh:
+            folder.path.unlink(missing_ok=True)
+        store = folder.open_store(run)
+        store.save()
+        for row in run["rows"]:
+            evaluate_row(store, row)
+        return store.as_dict()
+
+
+# ---- Hugging Face models ----------------------------------------------------------------------------------
+
+@dataclass
+class _HFText:
+    segments: torch.Tensor  # (N, S + 1) token ids of the model's tokenizer
+    token_bytes: torch.Tensor  # the same shape: UTF-8 bytes behind each token
+    separator: Optional[int]
+    separator_how: str
+
+
+def _hf_text(hf: HFModel, corpus: Corpus, S: int, eval_tokens: int, doc_sep: str) -> _HFText:
+    sep, sep_how = document_separator(hf.tokenizer, doc_sep)
+    tokens, nbytes = tokenize_documents(hf.tokenizer, corpus.splits["test"], sep, -(-eval_tokens // S) * S + 1)
+    return _HFText(eval_segments(tokens, S, eval_tokens), eval_segments(nbytes, S, eval_tokens), sep, sep_how)
+
+
+def eval_hf(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], None] = print) -> tuple[Path, dict]:
+    device = resolve_device(opts.device)
+    if opts.train_len is not None and opts.train_len < 1:
+        raise ConfigError(f"--train-len must be >= 1, got {opts.train_len}")
+    eval_tokens = opts.eval_tokens or DEFAULT_EVAL_TOKENS
+    if eval_tokens < 1:
+        raise ConfigError(f"--eval-tokens must be >= 1, got {eval_tokens}")
+    corpus = load_corpus(opts.data or "stdlib")
+    t0 = time.perf_counter()
+    hf = HFModel(spec, device=device, precision=opts.precision or "fp32", trust_remote_code=opts.trust_remote_code)
+    own_len, len_source = hf.own_train_len()
+    train_len = opts.train_len or own_len
+    if opts.train_len:
+        len_source = f"--train-len (the model's own: {own_len} from {len_source})"
+    lengths = parse_eval_lens(opts.eval_lens or list(DEFAULT_EVAL_LENS), train_len)
+    text = _hf_text(hf, corpus, segment_length(lengths), eval_tokens, opts.doc_sep)
+    model_info = hf.describe()
+    row = f"hf:{spec.name}"
+    run = run_meta(
+        kind="eval", model=model_info, train_len_source=len_source, rows=[row] + [f"{row}+{s}" for s in opts.rope_scaling],
+        train_len=train_len, eval_lengths=lengths, segments=text.segments, corpus=corpus.describe(),
+        device=device_description(device), eval_bytes=int(text.token_bytes[:, 1:].sum()), doc_separator=text.separator_how,
+        config={"data": {"source": corpus.source}, "eval": {"tokens": eval_tokens, "lens": opts.eval_lens, "split": "test",
+                "position_buckets": HF_BUCKETS}, "rope_scaling": list(opts.rope_scaling), "seeds": [0]},
+        params=model_info["params"], load_time_s=round(time.perf_counter() - t0, 2),
+        versions={p: version_of(p) for p in ("tokenizers", "gguf", "accelerate")})
+    ident = {"model": {k: model_info.get(k) for k in ("ref", "gguf_file", "dtype", "file_sha256", "files_sha256", "hub_commit")},
+             "train_len": train_len, "lengths": lengths, "corpus": corpus.fingerprint,
+             "eval_fingerprint": run["eval_fingerprint"], "doc_sep": text.separator, "buckets": HF_BUCKETS}
+    key = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    out = Path(opts.out or f"results/eval-{_slug(spec.name)}")
+    log(f"posenc-bench eval: {row} ({model_info['class']}, {model_info['params']:,} parameters, {model_info['dtype']}), "
+        f"train length {train_len} from {len_source}; lengths {lengths}; {run['eval_tokens']:,} target tokens "
+        f"({run['eval_bytes']:,} bytes) each; device {run['device']}; out {out}")
+    rows = _HFRows(hf, run, text, key, opts.show_progress, log)
+    data = _evaluate_rows(ResultsFolder(out), run, opts.fresh, rows.evaluate)
+    return out, data
+
+
+class _HFRows:
+    """The rows of one Hugging Face model: the model itself, then each RoPE scaling of it."""
+
+    def __init__(self, hf: HFModel, run: dict, text: _HFText, key: str, show_progress: Optional[bool],
+                 log: Callable[[str], None]) -> None:
+        self.hf, self.run, self.text, self.key, self.show_progress, self.log = hf, run, text, key, show_progress, log
+        self.base = run["rows"][0]
+        self.unscaled: dict[int, dict] = {}  # length -> the unscaled row's result (reused where a scaling is the identity)
+        self.scaling_of = {self.base: None, **{f"{self.base}+{s}": s for s in run["config"]["rope_scaling"]}}
+
+    def evaluate(self, store: ResultsStore, row: str) -> None:
+        scaling, lengths = self.scaling_of[row], self.run["eval_lengths"]
+        done = store.cell(row, 0)
+        if done and {d["eval_len"] for d in done} >= set(lengths) and all(d.get("eval_key") == self.key for d in done):
+            self.log(f"  {row}: done before, skipped")
+            if scaling is None:
+                self.unscaled.update({d["eval_len"]: d for d in done if d["status"] == "ok"})
+            return
+        records = [self._record(row, scaling, L) for L in lengths]
+        self.log(summary_line(row, records))
+        store.put_cell(row, 0, records)
+
+    def _record(self, row: str, scaling: Optional[str], L: int) -> dict:
+        hf, train_len, info = self.hf, self.run["train_len"], self.run["model"]
+        rec = new_record(self.run, row, 0, L, base_encoding=self.base, scaling=scaling, rope_parameters=None,
+                         eval_key=self.key, params=info["params"],
+                         model={k: info.get(k) for k in ("ref", "gguf_file", "file_sha256", "files_sha256", "hub_commit", "dtype")})
+        limit = hf.position_limit()
+        if scaling is not None and hf.rope_problem():
+            return not_measured(rec, "n/a", hf.rope_problem())
+        if limit is not None and L > limit:
+            return not_measured(rec, "n/a", f"{info['class']} has an absolute position table of {limit} positions "
+                                            f"(max_position_embeddings): no position {limit} or later")
+        factor = max(1.0, L / train_len)
+        params = None if scaling is None else scaling_parameters(hf.rope_parameters(), scaling, factor, train_len)
+        rec["rope_parameters"] = params
+        try:
+            with hf.scaled(params, scaled_max_positions(scaling or "", factor, train_len)):
+                if scaling is not None and L in self.unscaled and hf.scaling_is_identity(L):
+                    res = {**self.unscaled[L], "eval_time_s": 0.0}  # bit-identical frequencies: the unscaled numbers
+                    rec["same_as"] = self.base
+                else:
+                    res = evaluate_length(None, self.text.segments, L, Scoring(L, HF_BUCKETS, max(self.run["eval_lengths"])),
+                                          show_progress=self.show_progress, token_bytes=self.text.token_bytes,
+                                          device=hf.device, nll_fn=hf.nll)
+        except PosencError as e:
+            return not_measured(rec, "n/a", str(e))
+        if scaling is None:
+            self.unscaled[L] = res
+        return measured(rec, res)
+
+
+# ---- our own checkpoints ----------------------------------------------------------------------------------
+
+def _checkpoint_config(ckpt: checkpoint.Checkpoint, opts: EvalOptions) -> RunConfig:
+    """The checkpoint's run config with this eval's overrides, validated."""
+    cfg = ckpt.config
+    if opts.precision not in (None, cfg.precision):
+        raise ConfigError(f"--precision {opts.precision}: this checkpoint was trained and is evaluated at "
+                          f"{cfg.precision} (its config's precision)")
+    if opts.train_len is not None and opts.train_len != cfg.train.train_len:
+        raise ConfigError(f"--train-len {opts.train_len}: this checkpoint was trained at {cfg.train.train_len} tokens")
+    if opts.eval_lens is not None:
+        cfg.eval.lens = list(opts.eval_lens)
+    if opts.eval_tokens is not None:
+        cfg.eval.tokens = opts.eval_tokens
+    if opts.data is not None:
+        cfg.data.source = opts.data
+    cfg.device = opts.device
+    validate(cfg)
+    return cfg
+
+
+def _variant_rows(trained: str, window: Optional[int], scalings: list[str]) -> list[tuple[str, Optional[str], str]]:
+    """(row, registered encoding or None, reason when None): the checkpoint's own row, then one per scaling."""
+    rows: list[tuple[str, Optional[str], str]] = [(row_name(trained, window), trained, "")]
+    for s in scalings:
+        variant = f"{trained}-{s}"
+        known = variant in encodings.available() and encodings.get_class(variant).trained_as == trained
+        rows.append((row_name(variant, window), variant if known else None,
+                     "" if known else f"no registered encoding {variant!r} evaluates the trained {trained!r} model "
+                                      f"(registered: {', '.join(encodings.available())})"))
+    return rows
+
+
+def eval_checkpoint(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], None] = print) -> tuple[Path, dict]:
+    """A checkpoint written by `posenc-bench run`, evaluated exactly as `run` evaluates it."""
+    ckpt = checkpoint.read(spec.ref)
+    meta, path = ckpt.meta, ckpt.path
+    trained, window, seed = meta["encoding"], meta["window"], meta["seed"]
+    cfg = _checkpoint_config(ckpt, opts)
+    rt = Runtime.create(cfg.device, cfg.precision, show_progress=opts.show_progress, log=log)
+    corpus = load_corpus(cfg.data.source, valid_fraction=cfg.data.valid_fraction,
+                         test_fraction=cfg.data.test_fraction, text_field=cfg.data.text_field)
+    if corpus.fingerprint != meta.get("corpus_fingerprint"):
+        log(f"  note: corpus {cfg.data.source!r} ({corpus.fingerprint}) is not the one this model was trained on "
+            f"({meta.get('corpus_fingerprint')})")
+    evalset = EvalSet.for_run(cfg, corpus)
+    rows = _variant_rows(trained, window, opts.rope_scaling)
+    run = run_meta(
+        kind="eval", model={"kind": "checkpoint", "path": str(path), "encoding": trained, "window": window, "seed": seed,
+                            "cell_key": meta.get("cell_key"), "weights_sha256": file_hash([path / checkpoint.WEIGHTS])},
+        config=cfg.to_dict(), rows=[r for r, _, _ in rows], train_len=cfg.train.train_len,
+        eval_lengths=evalset.lengths, segments=evalset.segments, corpus=corpus.describe(),
+        device=device_description(rt.device))
+    out = Path(opts.out or f"results/eval-{_slug(path.parent.parent.name + '-' + path.name)}")
+    log(f"posenc-bench eval: checkpoint {path} ({rows[0][0]}, seed {seed}); lengths {evalset.lengths}; "
+        f"{run['eval_tokens']:,} target tokens each; device {run['device']}; out {out}")
+    outcome = meta.get("outcome", {})
+    by_row = {r: (name, reason) for r, name, reason in rows}
+
+    def evaluate_row(store: ResultsStore, row: str) -> None:
+        name, reason = by_row[row]
+        model = checkpoint.load_model(path, name, rt.device)[0] if name is not None else None
+        records = []
+        for L in evalset.lengths:
+            rec = new_record(run, row, seed, L, base_encoding=name or f"{trained}-?", window=window, reason=reason,
+                             train_time_s=outcome.get("time_s"), train_final_loss=outcome.get("final_loss"),
+                             train_curve=outcome.get("curve"), cell_key=meta.get("cell_key"),
+                             eval_key=eval_key(cfg, name), params=sum(p.numel() for p in model.parameters()) if model else None,
+                             config=cfg.to_dict(), checkpoint=str(path), protocol=cfg.eval.protocol,
+                             stride=min(cfg.eval.stride, L) if cfg.eval.stride else None)
+            if model is None:
+                records.append(not_measured(rec, "n/a", reason))
+                continue
+            try:
+                records.append(measured(rec, evaluate_model(model, evalset, L, rt)))
+            except PositionOutOfRange as e:
+                records.append(not_measured(rec, "n/a", str(e)))
+        log(summary_line(row, records))
+        store.put_cell(row, seed, records)
+
+    return out, _evaluate_rows(ResultsFolder(out), run, opts.fresh, evaluate_row)

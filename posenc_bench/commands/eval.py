@@ -1,0 +1,50 @@
+"""posenc-bench eval: evaluate a pretrained model (Hugging Face, or our checkpoint) at every length."""
+
+from __future__ import annotations
+
+import argparse
+
+from posenc_bench.commands.cli import PRECISIONS, add_device, add_precision, add_progress, check_precision
+from posenc_bench.commands.cli import progress_choice, split_commas
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    e = sub.add_parser("eval", help="evaluate a pretrained model (Hugging Face, or our checkpoint) at every length")
+    e.add_argument("--model", required=True,
+                   help="hf:<local folder | hub name | path/to/file.gguf>, or a checkpoint folder (results/x/checkpoints/rope-seed0)")
+    e.add_argument("--eval-lens", help="multiples of the train length (1,1.5,2,4x; default) or absolute lengths")
+    e.add_argument("--rope-scaling", help="comma list of linear,dynamic,yarn,llama3 (or all): one extra row each")
+    e.add_argument("--train-len", type=int, help="override the model's own train length (max_position_embeddings)")
+    e.add_argument("--data", help="stdlib (default) | shakespeare | a path or glob | hf:<dataset>[:<config>]")
+    e.add_argument("--eval-tokens", type=int, help="target tokens scored at every eval length (HF default 16384)")
+    e.add_argument("--out", help="output folder (default results/eval-<model>)")
+    add_device(e)
+    add_precision(e, PRECISIONS, what=" (a Hugging Face model's weights; default fp32; a checkpoint: its own)")
+    e.add_argument("--doc-sep", default="auto",
+                   help="token before each document: auto (BOS if the tokenizer adds it, else EOS) | none | a token")
+    e.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code from its repository")
+    e.add_argument("--fresh", action="store_true", help="delete the output folder's results first")
+    add_progress(e)
+    return e
+
+
+def cmd(args: argparse.Namespace) -> int:
+    from posenc_bench.analysis.report import results_markdown, write_tables
+    from posenc_bench.bench.pretrained import EvalOptions, run_eval
+    from posenc_bench.hf.rope import parse_scalings
+
+    opts = EvalOptions(
+        model=args.model,
+        eval_lens=split_commas(args.eval_lens) if args.eval_lens else None,
+        rope_scaling=parse_scalings(args.rope_scaling or ""), train_len=args.train_len, data=args.data,
+        eval_tokens=args.eval_tokens, out=args.out, device=args.device,
+        precision=check_precision(args.precision, PRECISIONS),
+        trust_remote_code=args.trust_remote_code, doc_sep=args.doc_sep, fresh=args.fresh,
+        show_progress=progress_choice(args),
+    )
+    out, data = run_eval(opts)  # results.json
+    write_tables(out, data)
+    print(f"wrote {out}/results.json, results.csv, table.md")
+    print()
+    print(results_markdown(data).rstrip())
+    return 0

@@ -1,0 +1,24 @@
+"""posenc-bench list: registered encodings, one line each."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    return sub.add_parser("list", help="registered encodings, one line each")
+
+
+def cmd(args: argparse.Namespace) -> int:
+    from posenc_bench import encodings
+
+    names = encodings.available()
+    window_row = "<name>+sw<W>"
+    width = max(map(len, names + [window_row]))
+    for name in names:
+        cls = encodings.get_class(name)
+        verb = "fine-tunes, then evaluates," if cls.finetuned else "evaluates"
+        extra = f" [{verb} the trained {cls.trained_as!r} model]" if cls.trained_as else ""
+        print(f"{name:<{width}}  {cls.summary}{extra}")
+    print(f"{window_row:<{width}}  any of the above with sliding-window attention over the last W tokens")
+    return 0

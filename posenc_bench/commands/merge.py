@@ -1,0 +1,47 @@
+"""posenc-bench merge: join the results of run --shard i/n (or of separate runs) into one table."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from posenc_bench.errors import PosencError
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    m = sub.add_parser("merge", help="join the results of run --shard i/n (or of separate runs) into one table")
+    m.add_argument("inputs", nargs="+", help="shard folders or results files")
+    m.add_argument("--out", required=True, help="folder for the merged results.json, results.csv, table.md")
+    m.add_argument("--partial", action="store_true", help="write even when cells are missing (listed on stderr)")
+    return m
+
+
+def cmd(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import yaml
+
+    from posenc_bench.analysis.report import results_markdown, write_tables
+    from posenc_bench.files import atomic_write_json, atomic_write_text
+    from posenc_bench.bench.shard import find_inputs, merge_results
+
+    files = find_inputs(args.inputs)
+    out = Path(args.out)
+    data, missing, absent = merge_results(files, out)
+    gap = f"{len(missing)} cell(s) missing: {', '.join(missing)}" + (f" (no {', '.join(absent)})" if absent else "")
+    if missing and not args.partial:
+        raise PosencError(f"{gap}; run them, or merge with --partial")
+    atomic_write_json(out / "results.json", data)
+    write_tables(out, data)
+    atomic_write_text(out / "config.yaml", yaml.safe_dump(data["run"]["config"], sort_keys=False))
+    print(results_markdown(data).rstrip())
+    cells = len({(r["encoding"], r["seed"]) for r in data["records"]})
+    print(f"\nmerged {cells} cell(s) from {len(files)} file(s) into {out}/results.json, results.csv, table.md")
+    if missing:
+        print(f"posenc-bench merge: warning: {gap}", file=sys.stderr)
+    for what in ("git_commit", "device"):
+        seen = sorted({m[what] for m in data["run"]["merged_from"]})
+        if len(seen) > 1:  # allowed (each record keeps its own), but worth knowing
+            print(f"posenc-bench merge: note: the inputs were made with {len(seen)} different {what}s: "
+                  f"{', '.join(seen)}", file=sys.stderr)
+    return 0

@@ -1,0 +1,25 @@
+"""posenc-bench plot: figures from results folders."""
+
+from __future__ import annotations
+
+import argparse
+
+from posenc_bench.commands.cli import split_commas
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    pl = sub.add_parser("plot", help="figures from results folders: ppl vs length, loss by position, encodings")
+    pl.add_argument("results", nargs="+", help="results folder(s) or results.json file(s)")
+    pl.add_argument("--out", default="figures", help="output folder (default: figures)")
+    pl.add_argument("--formats", default="png,svg", help="comma list of png, svg (default: png,svg)")
+    return pl
+
+
+def cmd(args: argparse.Namespace) -> int:
+    from posenc_bench.analysis import plots
+    from posenc_bench.analysis import report
+
+    runs = report.load_runs(args.results)
+    for path in plots.plot_all(runs, args.out, split_commas(args.formats)):
+        print(f"wrote {path}")
+    return 0

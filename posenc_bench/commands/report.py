@@ -1,0 +1,48 @@
+"""posenc-bench report: comparison table from results folders (Markdown, CSV, LaTeX, HTML, JSON)."""
+
+from __future__ import annotations
+
+import argparse
+
+from posenc_bench.errors import PosencError
+
+# --format values; "markdown" is another name for md (the library's formats are posenc_bench.analysis.report.FORMATS)
+FORMAT_ALIASES = {"markdown": "md"}
+FORMATS = ("md", "markdown", "csv", "latex", "html", "json")
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    rp = sub.add_parser("report", help="comparison table from results folders (Markdown, CSV, LaTeX, HTML, JSON)")
+    rp.add_argument("results", nargs="+", help="results folder(s) or results.json file(s); several go side by side")
+    rp.add_argument("--format", choices=FORMATS,
+                    help="md (or markdown) | csv | latex | html | json; default: from the --out suffix "
+                         "(.md .csv .tex .html .json), else md")
+    rp.add_argument("--value", default="ppl,ratio,training",
+                    help="tables, in order: ppl, bpb, ratio (ppl / ppl at 1x), training (default: ppl,ratio,training)")
+    rp.add_argument("--digits", type=int, default=2, help="decimals in table cells (default 2)")
+    rp.add_argument("--no-best", action="store_true", help="do not bold the best value in each column")
+    rp.add_argument("--out", help="write to this file (atomically) instead of printing")
+    rp.add_argument("--update", metavar="FILE",
+                    help="rewrite the block between '<!-- posenc-bench table: RESULTS -->' and "
+                         "'<!-- /posenc-bench table -->' in FILE (e.g. README.md)")
+    return rp
+
+
+def cmd(args: argparse.Namespace) -> int:
+    from posenc_bench.analysis import report
+
+    runs = report.load_runs(args.results)
+    fmt = report.format_for(args.out, FORMAT_ALIASES.get(args.format, args.format))
+    if args.update and fmt != "md":
+        raise PosencError(f"--update writes a Markdown table; drop --format {fmt} (or write it with --out)")
+    text = report.render(runs, fmt=fmt, values=args.value, digits=args.digits, mark_best=not args.no_best)
+    if args.update:
+        key = report.marker_key(args.results)
+        changed = report.update_file(args.update, key, text)
+        print(f"{'updated' if changed else 'already up to date'}: {args.update} (block {key})")
+    if args.out:
+        report.write_report(text, args.out)
+        print(f"wrote {args.out}")
+    if not args.update and not args.out:
+        print(text, end="")
+    return 0

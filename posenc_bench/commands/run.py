@@ -1,0 +1,147 @@
+"""posenc-bench run: train every selected encoding, evaluate at every length, write the table."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from posenc_bench.commands.cli import add_device, add_precision, add_progress, given, parse_set
+from posenc_bench.commands.cli import progress_choice, split_commas
+from posenc_bench.errors import PosencError
+
+PRECISIONS = ("fp32", "bf16")  # autocast (for GPUs); load_config checks the same set
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    r = sub.add_parser("run", help="train every selected encoding, evaluate at every length, write the table")
+    r.add_argument("--config", help="YAML config (default: built-in defaults = configs/default.yaml)")
+    r.add_argument("--encodings", help="comma list: rope,alibi | -learned (remove) | all | rope+sw64")
+    r.add_argument("--train-len", type=int)
+    r.add_argument("--eval-lens", help="absolute lengths (4096) or multiples (1,1.5,2,4x); train length always added")
+    r.add_argument("--seeds", help="number of seeds (3 -> 0,1,2) or a list (0,5)")
+    r.add_argument("--steps", type=int)
+    r.add_argument("--batch-size", type=int)
+    r.add_argument("--lr", type=float)
+    r.add_argument("--window", type=int, help="sliding-window attention over the last W tokens, for every encoding")
+    r.add_argument("--d-model", type=int)
+    r.add_argument("--n-layers", type=int)
+    r.add_argument("--n-heads", type=int)
+    r.add_argument("--eval-tokens", type=int, help="target tokens scored at every eval length")
+    r.add_argument("--data", help="stdlib | shakespeare | a path or glob | hf:<dataset>[:<config>]")
+    add_device(r, defer_to_config=True)
+    add_precision(r, PRECISIONS, what=" (autocast; default: the config's, fp32 unless it sets one)")
+    r.add_argument("--threads", type=int)
+    r.add_argument("--protocol", choices=("nonoverlapping", "strided"),
+                   help="nonoverlapping windows (default) or strided: each window scores only its last --stride targets")
+    r.add_argument("--stride", type=int, help="targets scored per window in the strided protocol, e.g. 256")
+    r.add_argument("--finetune-steps", type=int, help="steps of the -ft rows' fine-tuning (default: 10%% of --steps)")
+    r.add_argument("--finetune-len", help="length the -ft rows are fine-tuned at, e.g. 4x (default: the longest eval length)")
+    r.add_argument("--out", help="output folder (results.json, results.csv, table.md, checkpoints/)")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE", help="any config key, e.g. train.warmup_steps=50")
+    r.add_argument("--fresh", action="store_true", help="delete the output folder first instead of resuming")
+    add_progress(r)
+    r.add_argument("--shard", metavar="I/N", help="run shard I of N of the (encoding, seed) cells (1-based); "
+                   "writes results.shard-I-of-N.json; join with merge")
+    r.add_argument("--grad-accum", type=int, help="micro-batches per step and process (the global batch stays "
+                   "--batch-size)")
+    return r
+
+
+def parse_encodings(value: str, base: list[str]) -> list[str]:
+    """'rope,alibi' replaces the list; '-learned' removes from the config's list; 'all' = every registered."""
+    from posenc_bench import encodings
+    from posenc_bench.bench.config import parse_row
+
+    items = split_commas(value)
+    plus = [i for i in items if not i.startswith("-")]
+    minus = {i[1:] for i in items if i.startswith("-")}
+    chosen: list[str] = []
+    for item in plus or base:
+        chosen.extend(encodings.available() if item == "all" else [item])
+    for item in list(chosen) + sorted(minus):
+        parse_row(item)  # unknown names fail here, listing the valid ones
+    return [c for c in dict.fromkeys(chosen) if c not in minus and parse_row(c)[0] not in minus]
+
+
+def parse_seeds(value: str) -> list[int]:
+    try:
+        if "," in value:
+            return [int(v) for v in value.split(",") if v.strip()]
+        n = int(value)
+    except ValueError:
+        raise PosencError(f"--seeds {value!r}: give a count (3 = seeds 0,1,2) or a list (0,5,7)") from None
+    if n < 1:
+        raise PosencError(f"--seeds {value!r}: the count must be at least 1")
+    return list(range(n))
+
+
+SIMPLE = {  # flag attribute -> config key
+    "train_len": "train.train_len", "steps": "train.steps", "batch_size": "train.batch_size", "lr": "train.lr",
+    "eval_tokens": "eval.tokens", "window": "window", "device": "device", "out": "out", "threads": "threads",
+    "data": "data.source", "d_model": "model.d_model", "n_layers": "model.n_layers", "n_heads": "model.n_heads",
+    "precision": "precision", "finetune_steps": "finetune.steps", "finetune_len": "finetune.len",
+    "protocol": "eval.protocol", "stride": "eval.stride", "grad_accum": "grad_accum",
+}
+
+
+def overrides(args: argparse.Namespace, base_encodings: list[str]) -> dict[str, Any]:
+    """The config keys the flags set (flags not given leave the config file's values)."""
+    o: dict[str, Any] = {}
+    for attr, key in SIMPLE.items():
+        value = getattr(args, attr, None)
+        if given(value):
+            o[key] = value
+    if args.eval_lens is not None:
+        o["eval.lens"] = split_commas(args.eval_lens)
+    if args.encodings is not None:
+        o["encodings"] = parse_encodings(args.encodings, base_encodings)
+    if args.seeds is not None:
+        o["seeds"] = parse_seeds(args.seeds)
+    o.update(parse_set(args.set, "train.warmup_steps=50"))
+    return o
+
+
+def cmd(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import yaml
+
+    from posenc_bench.bench import dist as distributed
+    from posenc_bench.bench.config import load_config
+    from posenc_bench.analysis.report import results_markdown, write_tables
+    from posenc_bench.bench.sweep import Sweep, remove_outputs, train_worker
+    from posenc_bench.bench.shard import parse_shard, shard_file
+
+    shard = parse_shard(args.shard) if args.shard is not None else None
+    base = load_config(args.config)
+    cfg = load_config(args.config, overrides(args, base.encodings))
+    dist = distributed.from_env(cfg.device)  # None unless started by torchrun with more than one process
+    try:
+        distributed.rows_of_rank(cfg.train.batch_size, dist, cfg.grad_accum)  # the batch splits: fail before any work
+        if dist is not None and not dist.is_main:
+            train_worker(cfg, dist)  # trains with rank 0, never writes
+            return 0
+        print("effective config:")
+        print(yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
+        if args.fresh:
+            remove_outputs(Path(cfg.out), cfg, shard)
+        sweep = None
+        try:
+            sweep = Sweep(cfg, show_progress=progress_choice(args), dist=dist, shard=shard)
+            data = sweep.run()
+        except PosencError as e:
+            if dist is not None and not (sweep is not None and sweep.training):
+                dist.broadcast(("abort", str(e)))  # the other ranks wait for a command: end them cleanly
+            raise
+    finally:
+        if dist is not None:
+            dist.close()
+    if shard is None:  # a shard's table is merge's
+        write_tables(cfg.out, data)
+    print()
+    print(results_markdown(data).rstrip())
+    if shard is not None:
+        print(f"\nwrote {cfg.out}/{shard_file(*shard)}; when every shard is done: posenc-bench merge {cfg.out} --out <folder>")
+    else:
+        print(f"\nwrote {cfg.out}/results.json, results.csv, table.md")
+    return 0

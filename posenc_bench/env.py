@@ -1,0 +1,75 @@
+"""Where a number was measured: the device, the precision, the package versions and the git commit."""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from posenc_bench import __version__
+from posenc_bench.errors import ConfigError
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"device {name!r} requested but CUDA is not available (torch {torch.__version__}, "
+                f"built with CUDA {torch.version.cuda}); valid devices here: cpu, auto"
+            )
+        return torch.device(name)
+    if name == "cpu":
+        return torch.device("cpu")
+    raise ConfigError(f"unknown device {name!r}; valid devices: auto, cpu, cuda, cuda:N")
+
+
+def git_commit() -> str:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        if sha.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return sha.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version(), "posenc_bench": __version__, "torch": torch.__version__}
+    for pkg in ("transformers", "numpy"):
+        out[pkg] = version_of(pkg)
+    return out
+
+
+def device_description(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return f"cpu:{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
+
+
+# One precision vocabulary for every command (--precision): run and time autocast to it, eval loads a Hugging
+# Face model's weights in it.
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def precision_dtype(name: str, valid: tuple[str, ...] = tuple(PRECISIONS)) -> torch.dtype:
+    """The torch dtype of precision ``name``; ConfigError naming the valid ones (of ``valid``) otherwise."""
+    if name not in valid:
+        raise ConfigError(f"precision {name!r} is not supported here; valid: {', '.join(valid)}")
+    return PRECISIONS[name]
+
+
+def version_of(package: str) -> Optional[str]:
+    """The installed version of ``package``, or None."""
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None

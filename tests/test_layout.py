@@ -1,0 +1,123 @@
+"""The house rules that keep the package readable, checked by reading its source (no imports run):
+
+- imports go one way: base modules -> encodings -> model -> hf -> bench -> analysis -> commands; nothing
+  imports commands; hf, passkey and timing never import the sweep; analysis never trains; the model never
+  imports the data module;
+- no class over 150 lines, no function over 80, none with more than 8 parameters, outside the model's
+  numerical kernels (listed below, each with the reason).
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "posenc_bench"
+# layer of each top-level module or subpackage; a module may import its own layer or lower ones
+LAYERS = {"__init__": 0, "errors": 0, "files": 0, "progress": 0, "env": 1, "data": 1, "encodings": 2, "model": 3,
+          "hf": 4, "bench": 5, "analysis": 6, "commands": 7, "__main__": 8}
+# (importer prefix, imported prefix) pairs that must never occur even where the layers would allow them
+FORBIDDEN = [
+    ("posenc_bench.hf", "posenc_bench.bench"),
+    ("posenc_bench.bench.passkey", "posenc_bench.bench.sweep"),
+    ("posenc_bench.bench.timing", "posenc_bench.bench.sweep"),
+    ("posenc_bench.bench.pretrained", "posenc_bench.bench.sweep"),
+    ("posenc_bench.analysis", "posenc_bench.bench.sweep"),
+    ("posenc_bench.analysis", "posenc_bench.bench.train"),
+    ("posenc_bench.analysis", "posenc_bench.bench.evaluate"),
+    ("posenc_bench.model", "posenc_bench.data"),
+]
+# numerical kernels allowed past the size limits: autograd functions and hot loops whose parameters are the
+# tensors of one attention call
+KERNELS = {
+    "posenc_bench.model.distance_bias._DistanceBiasAttention.forward",
+    "posenc_bench.model.distance_bias.band_bias_grad",
+    "posenc_bench.model.distance_bias.distance_bias_attention",
+}
+
+
+def modules():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        name = ".".join(rel.parts).removesuffix(".__init__")
+        yield name, ast.parse(path.read_text(), filename=str(path))
+
+
+def imported(tree, name):
+    """Every posenc_bench module a module imports, at the top or inside functions."""
+    package = name if name.count(".") == 0 else name.rsplit(".", 1)[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names if a.name.startswith("posenc_bench"))
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            if base.startswith("posenc_bench"):
+                for a in node.names:  # `from posenc_bench import encodings` imports the module encodings
+                    yield f"{base}.{a.name}" if base == "posenc_bench" else base
+
+
+def layer(module):
+    parts = module.split(".")
+    return LAYERS[parts[1]] if len(parts) > 1 else 0
+
+
+def test_imports_go_one_way():
+    bad = []
+    for name, tree in modules():
+        for target in imported(tree, name):
+            if target.split(".")[1] not in LAYERS:
+                continue  # a name such as __version__
+            if layer(target) > layer(name):
+                bad.append(f"{name} imports {target} (a later layer)")
+            for src, dst in FORBIDDEN:
+                if name.startswith(src) and target.startswith(dst):
+                    bad.append(f"{name} imports {target}")
+    assert not bad, "\n".join(bad)
+
+
+def test_nothing_imports_commands():
+    bad = [f"{name} imports {t}" for name, tree in modules() if not name.startswith(("posenc_bench.commands", "posenc_bench.__main__"))
+           for t in imported(tree, name) if t.startswith("posenc_bench.commands")]
+    assert not bad
+
+
+def sizes():
+    for name, tree in modules():
+        def visit(node, prefix):
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    qual = f"{prefix}.{child.name}"
+                    lines = child.end_lineno - child.lineno + 1
+                    params = None
+                    if not isinstance(child, ast.ClassDef):
+                        a = child.args
+                        params = len([p for p in a.posonlyargs + a.args + a.kwonlyargs if p.arg not in ("self", "cls", "ctx")])
+                    yield qual, child, lines, params
+                    yield from visit(child, qual)
+        yield from visit(tree, name)
+
+
+def test_units_stay_small():
+    bad = []
+    for qual, node, lines, params in sizes():
+        if qual in KERNELS:
+            continue
+        if isinstance(node, ast.ClassDef) and lines > 150:
+            bad.append(f"class {qual}: {lines} lines > 150")
+        elif not isinstance(node, ast.ClassDef) and lines > 80:
+            bad.append(f"function {qual}: {lines} lines > 80")
+        if params is not None and params > 8:
+            bad.append(f"function {qual}: {params} parameters > 8")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_checks_can_fail(tmp_path):
+    """The readers above see what they must: a function-local import, a relative import and a long function."""
+    tree = ast.parse("def f():\n    from posenc_bench.commands import cli\n    from ..bench import sweep\n")
+    found = set(imported(tree, "posenc_bench.model.transformer"))
+    assert {"posenc_bench.commands", "posenc_bench.bench"} <= found
+    assert layer("posenc_bench.commands.cli") > layer("posenc_bench.model.transformer")
+    with pytest.raises(KeyError):
+        layer("posenc_bench.nosuch.thing")
