@@ -79,13 +79,15 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> tuple[Pat
 
 def _evaluate_rows(folder: ResultsFolder, run: dict, fresh: bool, evaluate_row: Callable[[ResultsStore, str], None]
                    ) -> dict:
-    """Every row of ``run`` into the locked, identity-checked folder: ``evaluate_row(store, row)`` each."""
+    """This eval's rows (``run["rows"]``, before the folder's earlier rows join them) into the locked,
+    identity-checked folder: ``evaluate_row(store, row)`` each."""
+    rows = list(run["rows"])
     with folder:
         if fresh:
             folder.path.unlink(missing_ok=True)
         store = folder.open_store(run)
         store.save()
-        for row in run["rows"]:
+        for row in rows:
             evaluate_row(store, row)
         return store.as_dict()
 

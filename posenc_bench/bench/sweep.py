@@ -159,6 +159,20 @@ class Models:
         return None, meta
 
 
+def check_train_split(cfg: RunConfig, corpus: Corpus) -> None:
+    """DataError now, before any work, when the train split cannot fill one training (or fine-tuning) window."""
+    from posenc_bench.errors import DataError
+
+    docs = corpus.splits["train"]
+    tokens = sum(len(text) + 1 for _, text in docs)  # BOS + bytes per document: the length of the stream
+    needs = [cfg.train.train_len]
+    if any(encodings.get_class(parse_row(r)[0]).finetuned for r in cfg.rows()):
+        needs.append(cfg.finetune_plan().len)
+    if not docs or tokens < max(needs) + 2:
+        raise DataError(f"corpus {corpus.source!r}: its train split has {tokens} tokens ({len(docs)} documents), "
+                        f"fewer than {max(needs) + 2} (train length + 2); give a larger --data or a shorter length")
+
+
 def model_row(model: DecoderLM) -> str:
     return row_name(model.encoding.name, model.window)
 
@@ -177,6 +191,7 @@ class Sweep:
         require_writable(self.out)
         self.corpus = load_run_corpus(cfg)
         self.evalset = EvalSet.for_run(cfg, self.corpus)
+        check_train_split(cfg, self.corpus)
         self.models = Models(cfg, self.corpus, rt, self.out)
         dist = rt.dist
         self.run_meta = run_meta(
@@ -228,9 +243,12 @@ class Sweep:
         except PositionOutOfRange as e:
             return not_measured(rec, "n/a", str(e))
 
-    def run(self) -> dict:
-        """Every cell (of this shard), under the folder's lock; returns the results file's contents."""
+    def run(self, fresh: bool = False) -> dict:
+        """Every cell (of this shard), under the folder's lock; returns the results file's contents.
+        ``fresh``: first delete what an earlier run left (for a shard: its own file and checkpoints)."""
         with self.folder:
+            if fresh:
+                remove_outputs(self.out, self.cfg, self.shard)
             self.store = self.folder.open_store(self.run_meta)
             atomic_write_text(self.out / "config.yaml", yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
             self.store.save()
@@ -279,9 +297,11 @@ def train_worker(cfg: RunConfig, dist: Dist) -> None:
 def remove_outputs(out: Path, cfg: Optional[RunConfig] = None, shard: Optional[tuple[int, int]] = None) -> None:
     """Delete a results folder (``run --fresh``); for a shard, only its results file and its cells' checkpoints
     (the folder is shared with the other shards)."""
-    if shard is None:
-        if out.exists():
-            shutil.rmtree(out)
+    if shard is None:  # everything but the lock of the run that is starting
+        for entry in out.iterdir() if out.exists() else []:
+            if entry.name.startswith(".results.json."):
+                continue
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
         return
     (out / shard_file(*shard)).unlink(missing_ok=True)
     cells = shard_cells(cfg.cells(), *shard)

@@ -36,6 +36,25 @@ def given(value: Any) -> bool:
     return value is not None and not isinstance(value, ConfigDefault)
 
 
+class LazyChoices:
+    """argparse ``choices`` read from the library only when needed (the flag given, or --help): importing
+    the table that holds them may import torch, which building the parser for `report` should not. Give the
+    argument a ``metavar`` (argparse formats the choices into one otherwise, at add_argument) and write
+    ``%(choices)s`` in its help."""
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module, self.name = module, name
+
+    def _values(self) -> tuple:
+        return tuple(getattr(importlib.import_module(self.module), self.name))
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._values()
+
+    def __iter__(self):
+        return iter(self._values())
+
+
 def add_device(p: argparse.ArgumentParser, *, defer_to_config: bool = False) -> None:
     """``--device``, default auto in every command; with ``defer_to_config`` the config file's device wins
     unless the flag is given."""

@@ -57,7 +57,8 @@ def cmd(args: argparse.Namespace) -> int:
     from posenc_bench.analysis.report import write_tables
     from posenc_bench.bench.config import load_config
     from posenc_bench.bench.records import read_results
-    from posenc_bench.bench.sweep import Sweep, remove_outputs
+    from posenc_bench.bench.runtime import Runtime
+    from posenc_bench.bench.sweep import Sweep
 
     if (args.config is None) == (args.current is None):
         raise PosencError("give --config (run the sweep now) or --current (read a results.json), not both or neither")
@@ -73,8 +74,8 @@ def cmd(args: argparse.Namespace) -> int:
     else:
         # Always from scratch: reused checkpoints would hide exactly the code change the gate is for.
         cfg.out = str(out / "current")
-        remove_outputs(out / "current")
-        current = Sweep(cfg, show_progress=progress_choice(args)).run()
+        rt = Runtime.create(cfg.device, cfg.precision, show_progress=progress_choice(args))
+        current = Sweep(cfg, rt).run(fresh=True)
         write_tables(cfg.out, current)  # OUT/current reads like any run's folder
         current_path = str(out / "current" / "results.json")
     if args.update_baseline:

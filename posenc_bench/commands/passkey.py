@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from posenc_bench.commands.cli import add_device, split_commas
+from posenc_bench.commands.cli import LazyChoices, add_device, split_commas
 from posenc_bench.errors import PosencError
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    from posenc_bench.hf.rope import SCALINGS
-
     pk = sub.add_parser("passkey", help="passkey retrieval accuracy by length and depth; the effective context")
     pk.add_argument("--model", required=True, help="a checkpoint folder (results/x/checkpoints/rope-seed0) or hf:<model>")
     pk.add_argument("--encoding", help="evaluate a checkpoint with an eval-only variant, e.g. rope-yarn on rope")
-    pk.add_argument("--rope-scaling", choices=tuple(SCALINGS),
-                    help="a Hugging Face model with this RoPE scaling (factor = length / train length)")
+    pk.add_argument("--rope-scaling", choices=LazyChoices("posenc_bench.hf.rope", "SCALINGS"), metavar="SCALING",
+                    help="%(choices)s: a Hugging Face model with this RoPE scaling (factor = length / train length)")
     pk.add_argument("--lengths", default="1,2,4x", help="prompt lengths: absolute or multiples (default 1,2,4x)")
     pk.add_argument("--depths", default="0,0.25,0.5,0.75,1", help="needle depths, 0 = start, 1 = end of the filler")
     pk.add_argument("--trials", type=int, default=5, help="random keys per (length, depth) (default 5)")

@@ -102,14 +102,13 @@ def overrides(args: argparse.Namespace, base_encodings: list[str]) -> dict[str, 
 
 
 def cmd(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     import yaml
 
     from posenc_bench.bench import dist as distributed
     from posenc_bench.bench.config import load_config
     from posenc_bench.analysis.report import results_markdown, write_tables
-    from posenc_bench.bench.sweep import Sweep, remove_outputs, train_worker
+    from posenc_bench.bench.runtime import Runtime
+    from posenc_bench.bench.sweep import Sweep, train_worker
     from posenc_bench.bench.shard import parse_shard, shard_file
 
     shard = parse_shard(args.shard) if args.shard is not None else None
@@ -121,14 +120,13 @@ def cmd(args: argparse.Namespace) -> int:
         if dist is not None and not dist.is_main:
             train_worker(cfg, dist)  # trains with rank 0, never writes
             return 0
-        print("effective config:")
-        print(yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
-        if args.fresh:
-            remove_outputs(Path(cfg.out), cfg, shard)
+        rt = Runtime.create(cfg.device, cfg.precision, dist=dist, show_progress=progress_choice(args))
         sweep = None
         try:
-            sweep = Sweep(cfg, show_progress=progress_choice(args), dist=dist, shard=shard)
-            data = sweep.run()
+            sweep = Sweep(cfg, rt, shard)  # data, device and the output folder are checked here, before any work
+            print("effective config:")
+            print(yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
+            data = sweep.run(fresh=args.fresh)
         except PosencError as e:
             if dist is not None and not (sweep is not None and sweep.training):
                 dist.broadcast(("abort", str(e)))  # the other ranks wait for a command: end them cleanly

@@ -27,8 +27,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc_bench import encodings
-from posenc_bench.model import distance_bias
 from posenc_bench.errors import ConfigError
+from posenc_bench.model import distance_bias
+from posenc_bench.model.attention import AttentionPlan
 
 
 @dataclass
@@ -40,123 +41,6 @@ class ModelConfig:
     vocab_size: int = 257  # 256 byte values + BOS (data.VOCAB_SIZE; the config checks it is at least that)
     # per-encoding keyword options, e.g. {"t5": {"num_buckets": 32}, "rope": {"theta": 10000.0}}
     encoding_options: dict = field(default_factory=dict)
-
-
-class AttentionPlan:
-    """How one forward pass at length T runs attention: query chunks and their masks, shared by all layers.
-
-    Three ways, chosen from the encoding's capabilities (never its name):
-    - fused: no bias, no window: one SDPA call on the fused causal path (``is_causal=True``).
-    - low-rank bias (``encoding.has_low_rank_bias``, e.g. ALiBi): the bias is folded into extra q/k channels
-      (``fold_bias``), so no (Tq, Tk) bias exists and SDPA stays on its fused kernels; queries come in chunks
-      of at most ``FOLD_ROWS`` so the folded values stay small (float precision). The first chunk is square and
-      causal; later ones get a causal (and window) mask without any bias.
-    - mask: a 4-D (1, H or 1, q, k) float mask holding the bias and the causal/window -inf entries. In training
-      on CPU a learned distance bias (``encoding.has_distance_bias``, e.g. T5) goes through
-      ``distance_bias.distance_bias_attention`` (flash kernel + band gradient) in chunks of ``BIAS_ROWS`` queries,
-      from ``BAND_MIN`` x its band width on (shorter sequences are cheaper on SDPA's math path).
-
-    Chunk i covers queries [qs, qe) and keys [ks, qe). When all chunks' masks together fit in
-    ``max_mask_bytes`` they are built once per forward and shared by the layers; otherwise each layer rebuilds
-    them, so at most one chunk's mask is alive at a time.
-    """
-
-    FOLD_ROWS = 256
-    BIAS_ROWS = 512  # query chunk of a learned distance bias in training (distance_bias.py)
-    BAND_MIN = 4  # ... taken from T >= BAND_MIN x its band width on
-
-    def __init__(self, encoding: encodings.Encoding, pos: torch.Tensor, window: Optional[int], max_mask_bytes: int):
-        self.encoding = encoding
-        self.pos = pos
-        self.window = window
-        T = pos.shape[0]
-        self.folded = encoding.has_bias and encoding.has_low_rank_bias
-        explicit_bias = encoding.has_bias and not self.folded
-        # a learned distance bias in training: flash kernel + band gradient instead of SDPA's math path, once
-        # the sequence is long enough for that to pay (measured: 0.74x the time at 1024 tokens, 1.55x at 128)
-        self.distance_bias = None
-        if explicit_bias and encoding.has_distance_bias and torch.is_grad_enabled() and distance_bias.supported(pos):
-            r = encoding.distance_bias()  # (H, W + 1), carries the gradient
-            if T >= self.BAND_MIN * (r.shape[1] - 1):
-                self.distance_bias = r
-        self.fused = not encoding.has_bias and window is None
-        if self.fused:
-            self.chunks = [(0, T, 0)]
-        else:
-            row_bytes = 4 * max(1, encoding.n_heads if explicit_bias else 1) * T
-            size = max(1, min(T, max_mask_bytes // row_bytes))
-            if self.folded:
-                size = min(size, self.FOLD_ROWS)
-            elif self.distance_bias is not None:
-                size = min(size, self.BIAS_ROWS)  # keys [0, qe) per chunk: skips most of the masked upper half
-            self.chunks = []
-            for qs in range(0, T, size):
-                qe = min(T, qs + size)
-                ks = 0 if window is None else max(0, qs - window + 1)
-                self.chunks.append((qs, qe, ks))
-        # chunks that need no mask: SDPA's own causal mask is exact for a square chunk from position 0
-        self.causal = [not explicit_bias and window is None and qs == 0 for qs, _, _ in self.chunks]
-        mask_heads = encoding.n_heads if explicit_bias else 1
-        mask_bytes = sum(4 * mask_heads * (qe - qs) * (qe - ks) for (qs, qe, ks), c in zip(self.chunks, self.causal) if not c)
-        self._keep_masks = mask_bytes <= max_mask_bytes
-        self._masks: dict[int, torch.Tensor] = {}
-        self._factors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def mask(self, i: int, dtype: torch.dtype) -> Optional[torch.Tensor]:
-        if self.causal[i]:
-            return None
-        if i in self._masks:
-            return self._masks[i].to(dtype)
-        qs, qe, ks = self.chunks[i]
-        q_pos, k_pos = self.pos[qs:qe], self.pos[ks:qe]
-        rel = k_pos[None, :] - q_pos[:, None]  # (q, k): key minus query position
-        allowed = rel <= 0
-        if self.window is not None:
-            allowed = allowed & (rel > -self.window)
-        with torch.set_grad_enabled(torch.is_grad_enabled() and self.distance_bias is None):  # else: a constant
-            bias = None if self.folded else self.encoding.bias(q_pos, k_pos)  # (1, H, q, k) or None
-        if bias is None:
-            mask = torch.zeros(1, 1, *allowed.shape, device=self.pos.device)
-        else:
-            mask = bias.float()
-        mask = mask.masked_fill(~allowed, float("-inf"))  # (1, H or 1, q, k)
-        if self._keep_masks:
-            self._masks[i] = mask
-        return mask.to(dtype)
-
-    def _bias_factors(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if i not in self._factors:  # float64 factors, shared by all layers of this forward
-            qs, qe, ks = self.chunks[i]
-            self._factors[i] = self.encoding.bias_factors(self.pos[qs:qe], self.pos[ks:qe])
-        return self._factors[i]  # (H, q, E), (H, k, E)
-
-    @staticmethod
-    def _fold_parts(dtype: torch.dtype) -> int:
-        return 2 if dtype.itemsize >= 4 else 3  # float32: 2 parts; bf16/fp16: 3
-
-    def fold_channels(self, head_dim: int, dtype: torch.dtype) -> int:
-        """How many channels ``fold_bias`` appends to q and k (and the model to v) for this head dimension."""
-        E2 = self._bias_factors(0)[0].shape[-1] * self._fold_parts(dtype)
-        return E2 + (-(head_dim + E2) % 8)
-
-    def fold_bias(self, i: int, q: torch.Tensor, k: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append the encoding's bias factors to chunk i's q (B, H, q, D) and k (B, H, k, D), so that
-        scale * q' . k' = scale * q . k + bias + a per-query constant; v needs ``fold_channels`` zero channels
-        to match (SDPA's fused kernels need one head dimension). Each key factor is split into a high part in
-        q's dtype and rounding rests (2 parts in float32, 3 in bf16), so the bias keeps at least float32
-        precision; channels are padded to a multiple of 8 for the GPU kernels."""
-        qf, kf = self._bias_factors(i)  # (H, q, E), (H, k, E)
-        parts, rest = [], kf / scale
-        for _ in range(self._fold_parts(k.dtype)):
-            parts.append(rest.to(k.dtype))
-            rest = rest - parts[-1].double()
-        qx = torch.cat([qf] * len(parts), -1).to(q.dtype)  # (H, q, parts * E)
-        kx = torch.cat(parts, -1)  # (H, k, parts * E)
-        pad = self.fold_channels(q.shape[-1], q.dtype) - qx.shape[-1]
-        B = q.shape[0]
-        q = torch.cat((q, F.pad(qx, (0, pad)).expand(B, -1, -1, -1)), -1)
-        k = torch.cat((k, F.pad(kx, (0, pad)).expand(B, -1, -1, -1)), -1)
-        return q, k
 
 
 class CausalSelfAttention(nn.Module):

@@ -359,3 +359,11 @@ def test_passkey_rope_scalings_are_the_hf_table():
 
     action = next(a for a in subparser("passkey")._actions if a.dest == "rope_scaling")
     assert tuple(action.choices) == tuple(SCALINGS)
+
+
+def test_building_the_parser_imports_neither_torch_nor_the_library():
+    code = ("import sys; from posenc_bench.commands.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('posenc_bench.bench', "
+            "'posenc_bench.hf', 'posenc_bench.encodings', 'posenc_bench.analysis'))))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from posenc_bench.model.transformer import AttentionPlan, DecoderLM, ModelConfig
+from posenc_bench.model.attention import AttentionPlan
+from posenc_bench.model.transformer import DecoderLM, ModelConfig
 
 
 def reference_attention(model: DecoderLM, x: torch.Tensor, window=None) -> torch.Tensor:

@@ -1,0 +1,141 @@
+"""The results folder and the checkpoints as a user meets them: one writer at a time, nothing lost, damaged
+checkpoints retrained or refused, keys that hold only what a cell depends on."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from posenc_bench.bench.config import load_config
+from posenc_bench.bench.keys import cell_key, eval_key
+from posenc_bench.commands.cli import main
+
+MICRO = ["--config", "configs/ci.yaml", "--seeds", "1", "--train-len", "32", "--steps", "8", "--eval-tokens", "1024",
+         "--progress", "off"]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(out, *extra):
+    return main(["run", *MICRO, "--out", str(out), *extra])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep") / "out"
+    assert run(out, "--encodings", "rope,t5") == 0
+    return out
+
+
+def test_a_second_writer_of_the_same_folder_stops_with_one_line_naming_the_first(tmp_path, capsys):
+    """Two `run`s with the same --out: the second stops (exit 2) while the first holds the folder, so the
+    first one's results are never overwritten. Here the first is a separate process holding the lock."""
+    out = tmp_path / "out"
+    assert run(out, "--encodings", "nope") == 0
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom posenc_bench.bench.records import ResultsFolder\n"
+         f"with ResultsFolder({str(out)!r}):\n    print('held', flush=True)\n    time.sleep(60)\n"],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        capsys.readouterr()
+        assert run(out, "--encodings", "alibi") == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1
+        assert f"is being written by pid {holder.pid}" in err and "another --out" in err
+    finally:
+        holder.kill()
+        holder.wait()
+    data = json.loads((out / "results.json").read_text())
+    assert {r["encoding"] for r in data["records"]} == {"nope"}  # the first run's results are all there
+    assert run(out, "--encodings", "alibi") == 0  # free again: the second run adds its rows to the first's
+    data = json.loads((out / "results.json").read_text())
+    assert {r["encoding"] for r in data["records"]} == {"nope", "alibi"}
+    assert not list(out.glob(".results.json.owner"))
+
+
+def test_an_unwritable_out_is_one_line_before_any_training(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    assert run(blocker / "out", "--encodings", "nope") == 2
+    out, err = capsys.readouterr()
+    assert len(err.strip().splitlines()) == 1 and "cannot be written" in err and str(blocker / "out") in err
+    assert "effective config" not in out  # checked before the config dump and before any training
+
+
+def test_changing_t5_options_retrains_only_t5(trained, capsys):
+    cfg = load_config("configs/ci.yaml")
+    other = load_config("configs/ci.yaml", {"model.encoding_options": {"t5": {"num_buckets": 16}}})
+    assert cell_key(cfg, "rope", None, 0, "fp") == cell_key(other, "rope", None, 0, "fp")
+    assert cell_key(cfg, "t5", None, 0, "fp") != cell_key(other, "t5", None, 0, "fp")
+    capsys.readouterr()
+    assert run(trained, "--encodings", "rope,t5", "--set", "model.encoding_options={t5: {num_buckets: 16}}") == 0
+    log = capsys.readouterr().out
+    assert "rope seed 0: done before, skipped" in log
+    assert "t5 seed 0: trained 8 steps" in log
+
+
+def test_a_variants_options_change_only_its_own_eval_key():
+    cfg = load_config("configs/ci.yaml")
+    fixed = load_config("configs/ci.yaml", {"model.encoding_options": {"rope-ntk": {"factor": 2.0}}})
+    assert eval_key(cfg, "rope") == eval_key(fixed, "rope") == eval_key(cfg)
+    assert eval_key(cfg, "rope-ntk") != eval_key(fixed, "rope-ntk")
+
+
+def test_a_truncated_checkpoint_is_retrained_by_run_and_refused_by_eval_and_passkey(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert run(out, "--encodings", "rope") == 0
+    weights = out / "checkpoints" / "rope-seed0" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # cut short
+    capsys.readouterr()
+    for argv in (["eval", "--model", str(weights.parent), "--out", str(tmp_path / "ev"), "--progress", "off"],
+                 ["passkey", "--model", str(weights.parent), "--lengths", "32", "--trials", "1"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "does not match the hash recorded" in err, err
+    (out / "results.json").unlink()  # the cell must run again, and so meet its checkpoint
+    assert run(out, "--encodings", "rope") == 0
+    log = capsys.readouterr().out
+    assert "rope seed 0: warning: checkpoint" in log and "training it again" in log
+    assert "rope seed 0: trained 8 steps" in log
+    assert main(["eval", "--model", str(weights.parent), "--out", str(tmp_path / "ev2"), "--progress", "off"]) == 0
+
+
+def test_eval_of_another_checkpoint_into_a_folder_is_refused(trained, tmp_path, capsys):
+    ev = tmp_path / "ev"
+    assert main(["eval", "--model", str(trained / "checkpoints" / "rope-seed0"), "--out", str(ev),
+                 "--progress", "off"]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--model", str(trained / "checkpoints" / "t5-seed0"), "--out", str(ev),
+                 "--progress", "off"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "model.encoding: 'rope' there, 't5' now" in err
+    rows = {r["encoding"] for r in json.loads((ev / "results.json").read_text())["records"]}
+    assert rows == {"rope"}
+
+
+def test_checkpoints_record_the_hash_of_their_weights(trained):
+    import hashlib
+
+    meta = json.loads((trained / "checkpoints" / "t5-seed0" / "config.json").read_text())
+    data = (trained / "checkpoints" / "t5-seed0" / "model.safetensors").read_bytes()
+    assert meta["weights_sha256"] == hashlib.sha256(data).hexdigest()
+    assert not [p for p in (trained / "checkpoints").rglob("*") if ".tmp" in p.name]
+
+
+def test_records_carry_the_parameter_count_of_their_own_model(trained):
+    recs = json.loads((trained / "results.json").read_text())["records"]
+    params = {r["encoding"]: r["params"] for r in recs}
+    assert params["t5"] > params["rope"] > 0  # T5 adds its bucket table; the caption states the range
+    md = (trained / "table.md").read_text()
+    assert f"{params['rope']:,}-{params['t5']:,} parameters" in md
+
+
+def test_bad_data_is_reported_before_the_config_dump(tmp_path, capsys):
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "a.txt").write_text("x" * 10)
+    assert run(tmp_path / "out", "--data", str(tmp_path / "tiny")) == 2
+    out, err = capsys.readouterr()
+    assert len(err.strip().splitlines()) == 1 and "effective config" not in out
+
