@@ -110,10 +110,11 @@ def _describe(c: Check) -> str:
 # ----------------------------------------------------------------------------------------- comparable?
 
 
-def incomparable(baseline_run: dict, current_run: dict) -> list[str]:
-    """The fields that differ between two runs' metadata (the one identity rule, ``bench.records``), as
+def incomparable(baseline: dict, current: dict) -> list[str]:
+    """The fields where two results differ (the one identity rule, ``bench.records``), as
     'field: baseline X, current Y'."""
-    return [f"{field}: baseline {b!r}, current {c!r}" for field, b, c in differences(baseline_run, current_run)]
+    return [f"{field}: baseline {b!r}, current {c!r}" for field, b, c in
+            differences(baseline["run"], current["run"], baseline["records"], current["records"])]
 
 
 # ---------------------------------------------------------------------------------------------- compare
@@ -166,7 +167,7 @@ def _check(enc: str, L: int, T: int, metric: str, b: list[float], c: list[float]
 
 def compare(baseline: dict, current: dict, tolerances: dict[str, Tolerance], default: Tolerance) -> GateResult:
     """Every check of ``current`` against ``baseline`` (both results files' contents)."""
-    diffs = incomparable(baseline["run"], current["run"])
+    diffs = incomparable(baseline, current)
     if diffs:
         raise GateError(
             "the baseline and the current results are not comparable: " + "; ".join(diffs[:4])

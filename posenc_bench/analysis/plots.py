@@ -218,13 +218,15 @@ def _bias_encoding(run: Run, name: str) -> tuple[encodings.Encoding | None, str]
 
     ckpt = checkpoint.checkpoint_dir(Path(run.path if Path(run.path).is_dir() else Path(run.path).parent), name, None,
                                      recs[0]["seed"])
-    try:
-        found = checkpoint.read(ckpt)
-        if found.meta.get("cell_key") != recs[0].get("cell_key"):
-            return None, f"the checkpoint at {ckpt} is from a different config than the results"
-        enc.load_state_dict(checkpoint.encoding_state(ckpt))
-    except checkpoint.CheckpointError:
+    key = checkpoint.cell_key_of(ckpt)
+    if key is None:
         return None, f"its bias is learned and there is no checkpoint at {ckpt}"
+    if key != recs[0].get("cell_key"):
+        return None, f"the checkpoint at {ckpt} is from a different config than the results"
+    try:
+        enc.load_state_dict(checkpoint.encoding_state(ckpt))
+    except checkpoint.CheckpointError as e:
+        return None, str(e)
     return enc, ""
 
 

@@ -272,8 +272,13 @@ def _commits(run: dict, records: Optional[list[dict]]) -> str:
 
 def _params(run: dict, records: Optional[list[dict]], digits: Optional[int] = None) -> str:
     """The parameter count of the models behind the rows: one number, or the range when rows differ
-    (learned and T5 add their own parameters); older results carry only the run's one count."""
-    counts = sorted({r["params"] for r in records or [] if r.get("params")}) or [run.get("params")]
+    (learned and T5 add their own parameters); older results carry one count for the run."""
+    params = run.get("params")
+    if isinstance(params, dict):
+        rows = {r["encoding"] for r in records or []} or set(params)
+        counts = sorted({n for row, n in params.items() if row in rows}) or [None]
+    else:
+        counts = [params]
     if counts == [None]:
         return "?"
     shown = [f"{c / 1e6:.{digits}f}M" if digits is not None else f"{c:,}" for c in (counts[0], counts[-1])]

@@ -105,10 +105,12 @@ def read(path: Path | str) -> Checkpoint:
     path = Path(path)
     try:
         meta = json.loads((path / META).read_text())
-        for key in ("config", "encoding", "window", "seed", "outcome"):
-            meta[key]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+    except (OSError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{str(path)!r} is not a posenc-bench checkpoint folder ({type(e).__name__}: {e})") from None
+    missing = [k for k in ("cell_key", "config", "encoding", "window", "seed", "outcome") if not isinstance(meta, dict) or k not in meta]
+    if missing:
+        raise CheckpointError(f"{str(path)!r} is not a posenc-bench checkpoint folder: its {META} has no "
+                              f"{', '.join(missing)}")
     return Checkpoint(path, meta)
 
 
@@ -151,13 +153,24 @@ def load_model(path: Path | str, encoding: Optional[str] = None, device: str | t
     return model.to(device).eval(), ckpt
 
 
+def cell_key_of(path: Path | str) -> Optional[str]:
+    """The cell key a checkpoint folder was made with (None: no readable meta)."""
+    try:
+        return json.loads((Path(path) / META).read_text()).get("cell_key")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+
+
 def encoding_state(path: Path | str) -> dict[str, torch.Tensor]:
     """The trained encoding's own parameters from a checkpoint (for drawing a learned bias), verified."""
     from safetensors.torch import load_file
 
-    ckpt = read(path)
+    try:
+        meta = json.loads((Path(path) / META).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{str(path)!r} is not a posenc-bench checkpoint folder ({type(e).__name__})") from None
     weights = Path(path) / WEIGHTS
-    expected = ckpt.meta.get("weights_sha256")
+    expected = meta.get("weights_sha256")
     if not weights.is_file() or (expected is not None and _sha256(weights) != expected):
         raise CheckpointError(f"checkpoint {str(path)!r}: {WEIGHTS} is missing or does not match its recorded hash")
     state = load_file(str(weights))

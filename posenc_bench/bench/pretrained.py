@@ -172,7 +172,7 @@ class _HFRows:
     def _record(self, row: str, scaling: Optional[str], L: int) -> dict:
         hf, train_len, info = self.hf, self.run["train_len"], self.run["model"]
         rec = new_record(self.run, row, 0, L, base_encoding=self.base, scaling=scaling, rope_parameters=None,
-                         eval_key=self.key, params=info["params"],
+                         eval_key=self.key,
                          model={k: info.get(k) for k in ("ref", "gguf_file", "file_sha256", "files_sha256", "hub_commit", "dtype")})
         limit = hf.position_limit()
         if scaling is not None and hf.rope_problem():
@@ -251,6 +251,7 @@ def eval_checkpoint(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], Non
                             "cell_key": meta.get("cell_key"), "weights_sha256": file_hash([path / checkpoint.WEIGHTS])},
         config=cfg.to_dict(), rows=[r for r, _, _ in rows], train_len=cfg.train.train_len,
         eval_lengths=evalset.lengths, segments=evalset.segments, corpus=corpus.describe(),
+        params=sum(p.numel() for p in checkpoint.build_model(cfg, trained, window, seed).parameters()),
         device=device_description(rt.device))
     out = Path(opts.out or f"results/eval-{_slug(path.parent.parent.name + '-' + path.name)}")
     log(f"posenc-bench eval: checkpoint {path} ({rows[0][0]}, seed {seed}); lengths {evalset.lengths}; "
@@ -266,8 +267,7 @@ def eval_checkpoint(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], Non
             rec = new_record(run, row, seed, L, base_encoding=name or f"{trained}-?", window=window, reason=reason,
                              train_time_s=outcome.get("time_s"), train_final_loss=outcome.get("final_loss"),
                              train_curve=outcome.get("curve"), cell_key=meta.get("cell_key"),
-                             eval_key=eval_key(cfg, name), params=sum(p.numel() for p in model.parameters()) if model else None,
-                             config=cfg.to_dict(), checkpoint=str(path), protocol=cfg.eval.protocol,
+                             eval_key=eval_key(cfg, name), config=cfg.to_dict(), checkpoint=str(path), protocol=cfg.eval.protocol,
                              stride=min(cfg.eval.stride, L) if cfg.eval.stride else None)
             if model is None:
                 records.append(not_measured(rec, "n/a", reason))

@@ -135,8 +135,9 @@ def summary_line(row: str, records: list[dict]) -> str:
 NOT_IDENTITY = (
     "config.out", "config.device", "config.threads", "config.max_mask_bytes", "config.save_every",
     "config.eval.batch_tokens", "config.eval.lens", "config.encodings", "config.seeds", "config.gate",
-    "config.train.log_every", "config.plugins", "config.grad_accum", "config.model.encoding_options",
-    "config.rope_scaling", "model.path",
+    "config.train.log_every", "config.plugins", "config.grad_accum", "config.rope_scaling", "model.path",
+    # per row (``row_settings``): a cell's own encoding options, and the fine-tuning of the -ft rows
+    "config.model.encoding_options", "config.finetune",
 )
 _EVALUATED_MODEL = ("kind", "ref", "gguf_file", "dtype", "file_sha256", "files_sha256", "hub_commit",
                     "encoding", "window", "seed", "cell_key", "weights_sha256")
@@ -168,11 +169,32 @@ def identity(run: dict) -> dict[str, Any]:
     return {k: v for k, v in out.items() if not any(k == i or k.startswith(i + ".") for i in NOT_IDENTITY)}
 
 
-def differences(a_run: dict, b_run: dict) -> list[tuple[str, Any, Any]]:
-    """(field, value in a, value in b) for every identity field where two runs differ; none: comparable.
+def row_settings(rec: dict) -> dict[str, Any]:
+    """The settings of one row that its cell and eval keys hold beyond the run's identity: its encoding's own
+    options (and those of the trained encoding it evaluates), and the fine-tuning of a -ft row."""
+    from posenc_bench import encodings
+    from posenc_bench.errors import UnknownEncodingError
+
+    cfg = rec.get("config") or {}
+    options = (cfg.get("model") or {}).get("encoding_options") or {}
+    name = rec.get("base_encoding") or rec["encoding"]
+    try:
+        cls = encodings.get_class(name)
+    except UnknownEncodingError:  # a plugin's encoding that is not imported here: its own options only
+        return _leaves({"encoding_options": {name: options.get(name)}}, "")
+    out = {"encoding_options": {n: options.get(n) for n in dict.fromkeys([cls.trained_as or name, name])}}
+    if cls.finetuned:
+        out["finetune"] = cfg.get("finetune")
+    return _leaves(out, "")
+
+
+def differences(a_run: dict, b_run: dict, a_records: Iterable[dict] = (), b_records: Iterable[dict] = ()
+                ) -> list[tuple[str, Any, Any]]:
+    """(field, value in a, value in b) for every identity field where two results differ; none: comparable.
 
     A config setting absent from one side (added to the config after those results were made) compares as
-    its default, which is what that run used. Field names drop the ``config.`` prefix (``train.lr``)."""
+    its default, which is what that run used. Field names drop the ``config.`` prefix (``train.lr``). With the
+    records, the rows both hold are compared too, field ``<row>: <setting>`` (``t5: encoding_options...``)."""
     from posenc_bench.bench.config import RunConfig
 
     defaults = _leaves(RunConfig().to_dict(), "config")
@@ -182,6 +204,11 @@ def differences(a_run: dict, b_run: dict) -> list[tuple[str, Any, Any]]:
         av, bv = a.get(key, defaults.get(key, "(absent)")), b.get(key, defaults.get(key, "(absent)"))
         if av != bv:
             diffs.append((key.removeprefix("config."), av, bv))
+    a_rows = {r["encoding"]: r for r in a_records}
+    for row, rec in {r["encoding"]: r for r in b_records}.items():
+        if row in a_rows:
+            sa, sb = row_settings(a_rows[row]), row_settings(rec)
+            diffs += [(f"{row}: {k}", sa.get(k), sb.get(k)) for k in dict.fromkeys([*sa, *sb]) if sa.get(k) != sb.get(k)]
     return diffs
 
 
@@ -253,18 +280,20 @@ def merge_run_lists(old: dict, new: dict) -> None:
         return list(dict.fromkeys(first + then))
 
     new["rows"] = ordered(old.get("rows", []), new["rows"])
+    if isinstance(old.get("params"), dict) and isinstance(new.get("params"), dict):
+        new["params"] = {**old["params"], **new["params"]}
     if "config" in new and "encodings" in new["config"] and "encodings" in old.get("config", {}):
         new["config"]["encodings"] = ordered(old["config"]["encodings"], new["config"]["encodings"])
         new["config"]["seeds"] = sorted(set(old["config"]["seeds"]) | set(new["config"]["seeds"]))
 
 
 def require_writable(out: Path | str) -> None:
-    """ConfigError-like ResultsError unless ``out`` can be created and written (checked before any work)."""
+    """ResultsError unless ``out`` is, or can be made, a writable folder (checked before any work, creating
+    nothing: a run that then fails on its input leaves no folder behind)."""
     out = Path(out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise ResultsError(f"output folder {str(out)!r} cannot be written: {e.strerror or e}") from None
+    probe = out
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        why = "is not a folder" if not probe.is_dir() else "is not writable"
+        raise ResultsError(f"output folder {str(out)!r} cannot be written: {str(probe)!r} {why}")

@@ -105,7 +105,7 @@ def merge_results(files: list[Path], out: Optional[Path] = None) -> tuple[dict, 
         raise ResultsError(f"shard files of different splits ({' and '.join(f'n={n}' for n in sorted(counts))}); "
                            "merge the shards of one --shard i/n split")
     for f, d in zip(files[1:], datas[1:]):
-        diffs = differences(ref["run"], d["run"])
+        diffs = differences(ref["run"], d["run"], ref["records"], d["records"])
         if diffs:
             field, a, b = diffs[0]
             raise ResultsError(f"{str(f)!r} was made with a different config than {str(ref_file)!r}: "

@@ -159,6 +159,12 @@ class Models:
         return None, meta
 
 
+def row_params(cfg: RunConfig) -> dict[str, int]:
+    """The parameter count of each row's model (learned and T5 add their own to the shared core)."""
+    return {row: sum(p.numel() for p in checkpoint.build_model(cfg, *parse_row(row), 0).parameters())
+            for row in cfg.rows()}
+
+
 def check_train_split(cfg: RunConfig, corpus: Corpus) -> None:
     """DataError now, before any work, when the train split cannot fill one training (or fine-tuning) window."""
     from posenc_bench.errors import DataError
@@ -196,7 +202,7 @@ class Sweep:
         dist = rt.dist
         self.run_meta = run_meta(
             config=cfg.to_dict(), rows=cfg.rows(), train_len=cfg.train.train_len, eval_lengths=self.evalset.lengths,
-            segments=self.evalset.segments, corpus=self.corpus.describe(),
+            segments=self.evalset.segments, corpus=self.corpus.describe(), params=row_params(cfg),
             device=device_description(rt.device) + (f" x{dist.world_size} ({dist.describe()})" if dist else ""))
         if shard is not None:
             self.run_meta["shard"] = shard_meta(cfg, *shard)
@@ -231,9 +237,7 @@ class Sweep:
         rec = new_record(
             self.run_meta, row, seed, L, base_encoding=name, window=window,
             train_time_s=round(outcome["time_s"], 2), train_tokens_per_s=round(outcome["tokens_per_s"], 1),
-            train_final_loss=outcome["final_loss"], train_curve=outcome["curve"], **keys,
-            params=sum(p.numel() for p in checkpoint.build_model(cfg, name, window, seed).parameters()),
-            config=cfg.to_dict(), protocol=cfg.eval.protocol, stride=min(cfg.eval.stride, L) if cfg.eval.stride else None)
+            train_final_loss=outcome["final_loss"], train_curve=outcome["curve"], **keys, config=cfg.to_dict(), protocol=cfg.eval.protocol, stride=min(cfg.eval.stride, L) if cfg.eval.stride else None)
         if meta.get("finetune"):
             rec["finetune"] = {k: v for k, v in meta["finetune"].items() if k != "curve"}
         if model is None:
