@@ -49,10 +49,12 @@ def cell_key(cfg: RunConfig, trained_encoding: str, window: Optional[int], seed:
 
 
 def finetune_key(base_key: str, cfg: RunConfig, encoding: str) -> str:
-    """Hash of what determines a fine-tuned model: the trained model's key, the row, its own options and the
-    resolved fine-tuning."""
+    """Hash of what determines a fine-tuned model: the trained model's key, the row, its own options, the
+    resolved fine-tuning and the scaling factor it trains with (fine-tune length / train length: before that
+    rule, rope-dynamic-ft trained with its zero-shot default factor 2, and such checkpoints must not be reused)."""
+    plan = cfg.finetune_plan()
     ident = {"base": base_key, "encoding": encoding, "options": cfg.model.encoding_options.get(encoding, {}),
-             "finetune": asdict(cfg.finetune_plan())}
+             "finetune": asdict(plan), "factor": plan.len / cfg.train.train_len}
     return _hash(ident)
 
 

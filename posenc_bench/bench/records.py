@@ -280,8 +280,6 @@ def merge_run_lists(old: dict, new: dict) -> None:
         return list(dict.fromkeys(first + then))
 
     new["rows"] = ordered(old.get("rows", []), new["rows"])
-    if isinstance(old.get("params"), dict) and isinstance(new.get("params"), dict):
-        new["params"] = {**old["params"], **new["params"]}
     if "config" in new and "encodings" in new["config"] and "encodings" in old.get("config", {}):
         new["config"]["encodings"] = ordered(old["config"]["encodings"], new["config"]["encodings"])
         new["config"]["seeds"] = sorted(set(old["config"]["seeds"]) | set(new["config"]["seeds"]))

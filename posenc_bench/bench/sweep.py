@@ -159,10 +159,9 @@ class Models:
         return None, meta
 
 
-def row_params(cfg: RunConfig) -> dict[str, int]:
+def row_params(cfg: RunConfig, rows: list[str]) -> dict[str, int]:
     """The parameter count of each row's model (learned and T5 add their own to the shared core)."""
-    return {row: sum(p.numel() for p in checkpoint.build_model(cfg, *parse_row(row), 0).parameters())
-            for row in cfg.rows()}
+    return {row: sum(p.numel() for p in checkpoint.build_model(cfg, *parse_row(row), 0).parameters()) for row in rows}
 
 
 def check_train_split(cfg: RunConfig, corpus: Corpus) -> None:
@@ -202,7 +201,7 @@ class Sweep:
         dist = rt.dist
         self.run_meta = run_meta(
             config=cfg.to_dict(), rows=cfg.rows(), train_len=cfg.train.train_len, eval_lengths=self.evalset.lengths,
-            segments=self.evalset.segments, corpus=self.corpus.describe(), params=row_params(cfg),
+            segments=self.evalset.segments, corpus=self.corpus.describe(),
             device=device_description(rt.device) + (f" x{dist.world_size} ({dist.describe()})" if dist else ""))
         if shard is not None:
             self.run_meta["shard"] = shard_meta(cfg, *shard)
@@ -254,6 +253,7 @@ class Sweep:
             if fresh:
                 remove_outputs(self.out, self.cfg, self.shard)
             self.store = self.folder.open_store(self.run_meta)
+            self.store.run["params"] = row_params(self.cfg, self.store.run["rows"])  # earlier invocations' rows too
             atomic_write_text(self.out / "config.yaml", yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
             self.store.save()
             cells = self.cells()

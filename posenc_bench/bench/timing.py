@@ -33,7 +33,8 @@ from torch.utils import benchmark
 
 from posenc_bench import encodings
 from posenc_bench.errors import ConfigError
-from posenc_bench.model.transformer import AttentionPlan, CausalSelfAttention, DecoderLM, ModelConfig
+from posenc_bench.model.attention import AttentionPlan
+from posenc_bench.model.transformer import CausalSelfAttention, DecoderLM, ModelConfig
 from posenc_bench.files import atomic_write_json, atomic_write_text
 
 PRECISIONS = ("fp32", "bf16")  # of posenc_bench.env.PRECISIONS: the attention layers' dtype
@@ -41,7 +42,7 @@ PRECISIONS = ("fp32", "bf16")  # of posenc_bench.env.PRECISIONS: the attention l
 
 @dataclass
 class TimingConfig:
-    device: str = "cpu"
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
     lengths: list = field(default_factory=lambda: [2048, 5000, 8192])
     d_model: int = 512  # width of the sinusoidal / learned tables and of the attention layer
     head_dim: int = 128  # RoPE cache width; the attention layer has d_model / head_dim heads

@@ -133,6 +133,22 @@ def test_incomparable_baseline_is_refused_with_the_field_named(tmp_path, capsys,
     assert err.count("\n") == 1
 
 
+def test_a_rows_own_options_are_part_of_the_comparison(tmp_path, capsys):
+    """Per-encoding options live in each row's records (the run's identity leaves them to the rows): a baseline
+    whose t5 had other buckets is refused naming the row; another row's options do not matter to rope."""
+    def with_options(options):
+        data = results([rec("rope", 0, 100, 4.0), rec("t5", 0, 100, 4.2)])
+        for r in data["records"]:
+            r["config"] = copy.deepcopy(data["run"]["config"])
+            r["config"]["model"]["encoding_options"] = options
+        return data
+
+    assert run_gate(tmp_path, with_options({"t5": {"num_buckets": 16}}), with_options({})) == 2
+    err = capsys.readouterr().err
+    assert "t5: encoding_options.t5.num_buckets: baseline 16, current None" in err and "rope:" not in err
+    assert run_gate(tmp_path, with_options({"alibi": {"x": 1}}), with_options({})) == 0
+
+
 def test_a_setting_added_after_the_baseline_compares_as_its_default(tmp_path):
     base = results(BASE)
     del base["run"]["config"]["eval"]["protocol"], base["run"]["config"]["eval"]["stride"]

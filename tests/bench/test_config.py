@@ -107,3 +107,13 @@ def test_plugins_register_encodings_from_another_package(tmp_path, monkeypatch):
     assert cfg.rows() == ["rope", "my-nope"] and "my-nope" in encodings.available()
     with pytest.raises(ConfigError, match="plugin module 'no_such_module' .* could not be imported: ModuleNotFoundError"):
         load_config(None, {"plugins": ["no_such_module"]})
+
+
+def test_the_models_default_vocabulary_is_the_byte_corpus_vocabulary():
+    """model/ does not import data.py (imports go one way); the two numbers are kept equal here."""
+    from posenc_bench.data import VOCAB_SIZE
+    from posenc_bench.model.transformer import ModelConfig
+
+    assert ModelConfig().vocab_size == VOCAB_SIZE == 257
+    with pytest.raises(ConfigError, match="model.vocab_size must be at least 257"):
+        load_config(None, {"model.vocab_size": 256})

@@ -1,4 +1,4 @@
-"""Tiny Hugging Face models and a tokenizer built offline, for tests/test_hf.py."""
+"""Tiny Hugging Face models and a tokenizer built offline, for tests/hf/test_hf.py."""
 
 from pathlib import Path
 
