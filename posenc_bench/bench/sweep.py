@@ -254,7 +254,8 @@ class Sweep:
                 remove_outputs(self.out, self.cfg, self.shard)
             self.store = self.folder.open_store(self.run_meta)
             self.store.run["params"] = row_params(self.cfg, self.store.run["rows"])  # earlier invocations' rows too
-            atomic_write_text(self.out / "config.yaml", yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
+            # the folder's config: this one with the encodings and seeds of every invocation that wrote here
+            atomic_write_text(self.out / "config.yaml", yaml.safe_dump(self.store.run["config"], sort_keys=False))
             self.store.save()
             cells = self.cells()
             self.rt.log(f"posenc-bench run: {len(cells)} cell(s)"
