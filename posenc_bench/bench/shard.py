@@ -162,3 +162,25 @@ def merge_results(files: list[Path], out: Optional[Path] = None) -> tuple[dict, 
     ]
     records = [r for c in sorted(cells, key=order.__getitem__) for r in cells[c]]
     return {"schema_version": ref["schema_version"], "run": run, "records": records}, missing, absent
+
+
+def merge_into(files: list[Path], out: Path, partial: bool = False) -> tuple[dict, list[str], list[str]]:
+    """``merge_results`` written to ``out``/results.json and config.yaml under the folder's lock (a run or
+    eval writing there stops it with one line); refused with the missing cells unless ``partial``."""
+    import yaml
+
+    from posenc_bench.bench.records import ResultsFolder
+    from posenc_bench.files import atomic_write_json, atomic_write_text
+
+    data, missing, absent = merge_results(files, out)
+    if missing and not partial:
+        raise ResultsError(f"{missing_cells(missing, absent)}; run them, or merge with --partial")
+    with ResultsFolder(out):
+        atomic_write_json(out / "results.json", data)
+        atomic_write_text(out / "config.yaml", yaml.safe_dump(data["run"]["config"], sort_keys=False))
+    return data, missing, absent
+
+
+def missing_cells(missing: list[str], absent: list[str]) -> str:
+    return f"{len(missing)} cell(s) missing: {', '.join(missing)}" + (f" (no {', '.join(absent)})" if absent else "")
+

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from posenc_bench.errors import PosencError
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -19,26 +18,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def cmd(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    import yaml
-
     from posenc_bench.analysis.report import results_markdown, write_tables
-    from posenc_bench.files import atomic_write_json, atomic_write_text
-    from posenc_bench.bench.shard import find_inputs, merge_results
+    from posenc_bench.bench.shard import find_inputs, merge_into, missing_cells
 
     files = find_inputs(args.inputs)
     out = Path(args.out)
-    data, missing, absent = merge_results(files, out)
-    gap = f"{len(missing)} cell(s) missing: {', '.join(missing)}" + (f" (no {', '.join(absent)})" if absent else "")
-    if missing and not args.partial:
-        raise PosencError(f"{gap}; run them, or merge with --partial")
-    atomic_write_json(out / "results.json", data)
+    data, missing, absent = merge_into(files, out, args.partial)
     write_tables(out, data)
-    atomic_write_text(out / "config.yaml", yaml.safe_dump(data["run"]["config"], sort_keys=False))
     print(results_markdown(data).rstrip())
     cells = len({(r["encoding"], r["seed"]) for r in data["records"]})
     print(f"\nmerged {cells} cell(s) from {len(files)} file(s) into {out}/results.json, results.csv, table.md")
     if missing:
-        print(f"posenc-bench merge: warning: {gap}", file=sys.stderr)
+        print(f"posenc-bench merge: warning: {missing_cells(missing, absent)}", file=sys.stderr)
     for what in ("git_commit", "device"):
         seen = sorted({m[what] for m in data["run"]["merged_from"]})
         if len(seen) > 1:  # allowed (each record keeps its own), but worth knowing

@@ -1,6 +1,7 @@
 """The results folder and the checkpoints as a user meets them: one writer at a time, nothing lost, damaged
 checkpoints retrained or refused, keys that hold only what a cell depends on."""
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -28,25 +29,34 @@ def trained(tmp_path_factory):
     return out
 
 
-def test_a_second_writer_of_the_same_folder_stops_with_one_line_naming_the_first(tmp_path, capsys):
-    """Two `run`s with the same --out: the second stops (exit 2) while the first holds the folder, so the
-    first one's results are never overwritten. Here the first is a separate process holding the lock."""
-    out = tmp_path / "out"
-    assert run(out, "--encodings", "nope") == 0
+@contextlib.contextmanager
+def folder_held_by_another_process(out):
+    """A separate process holding ``out``'s results lock, as a running `run` does; yields its pid."""
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time\nfrom posenc_bench.bench.records import ResultsFolder\n"
          f"with ResultsFolder({str(out)!r}):\n    print('held', flush=True)\n    time.sleep(60)\n"],
         stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         assert holder.stdout.readline().strip() == "held"
+        yield holder.pid
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_second_writer_of_the_same_folder_stops_with_one_line_naming_the_first(tmp_path, capsys):
+    """Two `run`s with the same --out: the second stops (exit 2) while the first holds the folder, so the
+    first one's results are never overwritten."""
+    out = tmp_path / "out"
+    assert run(out, "--encodings", "nope") == 0
+    with folder_held_by_another_process(out) as pid:
         capsys.readouterr()
         assert run(out, "--encodings", "alibi") == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1
-        assert f"is being written by pid {holder.pid}" in err and "another --out" in err
-    finally:
-        holder.kill()
-        holder.wait()
+        assert f"is being written by pid {pid}" in err and "another --out" in err
+        assert main(["merge", str(out), "--out", str(out)]) == 2  # merge into it waits its turn too
+        assert f"is being written by pid {pid}" in capsys.readouterr().err
     data = json.loads((out / "results.json").read_text())
     assert {r["encoding"] for r in data["records"]} == {"nope"}  # the first run's results are all there
     assert run(out, "--encodings", "alibi") == 0  # free again: the second run adds its rows to the first's
