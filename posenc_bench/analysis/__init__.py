@@ -1,0 +1,1 @@
+"""Tables, figures and the CI gate, built from results files only (they never train)."""
