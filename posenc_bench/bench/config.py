@@ -18,7 +18,7 @@ import yaml
 
 from posenc_bench import encodings
 from posenc_bench.errors import ConfigError
-from posenc_bench.data import VOCAB_SIZE
+from posenc_bench.data import VOCAB_SIZE, Corpus, load_corpus
 from posenc_bench.model.transformer import ModelConfig
 
 DEFAULT_EVAL_LENS = ["1x", "1.5x", "2x", "4x"]
@@ -303,6 +303,12 @@ def load_config(path: Optional[str] = None, overrides: Optional[dict[str, Any]] 
     import_plugins(cfg.plugins)
     validate(cfg)
     return cfg
+
+
+def load_run_corpus(cfg: RunConfig) -> Corpus:
+    """The corpus of a run's ``data`` section, split as it says (run, train workers and checkpoint eval)."""
+    return load_corpus(cfg.data.source, valid_fraction=cfg.data.valid_fraction,
+                       test_fraction=cfg.data.test_fraction, text_field=cfg.data.text_field)
 
 
 def import_plugins(modules: list) -> None:

@@ -28,7 +28,7 @@ import torch
 
 from posenc_bench import encodings
 from posenc_bench.bench import checkpoint
-from posenc_bench.bench.config import DEFAULT_EVAL_LENS, RunConfig, parse_eval_lens, row_name, validate
+from posenc_bench.bench.config import DEFAULT_EVAL_LENS, RunConfig, load_run_corpus, parse_eval_lens, row_name, validate
 from posenc_bench.bench.evaluate import EvalSet, Scoring, evaluate_length, evaluate_model, segment_length
 from posenc_bench.bench.keys import eval_key
 from posenc_bench.bench.records import (ResultsFolder, ResultsStore, measured, new_record, not_measured, run_meta,
@@ -239,8 +239,7 @@ def eval_checkpoint(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], Non
     trained, window, seed = meta["encoding"], meta["window"], meta["seed"]
     cfg = _checkpoint_config(ckpt, opts)
     rt = Runtime.create(cfg.device, cfg.precision, show_progress=opts.show_progress, log=log)
-    corpus = load_corpus(cfg.data.source, valid_fraction=cfg.data.valid_fraction,
-                         test_fraction=cfg.data.test_fraction, text_field=cfg.data.text_field)
+    corpus = load_run_corpus(cfg)
     if corpus.fingerprint != meta.get("corpus_fingerprint"):
         log(f"  note: corpus {cfg.data.source!r} ({corpus.fingerprint}) is not the one this model was trained on "
             f"({meta.get('corpus_fingerprint')})")

@@ -22,7 +22,7 @@ import yaml
 
 from posenc_bench import encodings
 from posenc_bench.bench import checkpoint
-from posenc_bench.bench.config import RunConfig, TrainConfig, parse_row, row_name
+from posenc_bench.bench.config import RunConfig, TrainConfig, load_run_corpus, parse_row, row_name
 from posenc_bench.bench.dist import Dist
 from posenc_bench.bench.evaluate import EvalSet, evaluate_model
 from posenc_bench.bench.keys import cell_key, eval_key, row_cell_key
@@ -31,16 +31,11 @@ from posenc_bench.bench.records import (ResultsFolder, ResultsStore, measured, n
 from posenc_bench.bench.runtime import Runtime
 from posenc_bench.bench.shard import shard_cells, shard_file, shard_meta, training_unit
 from posenc_bench.bench.train import Resume, TrainOutcome, train
-from posenc_bench.data import Corpus, TrainBatches, load_corpus
+from posenc_bench.data import Corpus, TrainBatches
 from posenc_bench.env import device_description
 from posenc_bench.errors import PositionOutOfRange
 from posenc_bench.files import atomic_write_text
 from posenc_bench.model.transformer import DecoderLM
-
-
-def load_run_corpus(cfg: RunConfig) -> Corpus:
-    return load_corpus(cfg.data.source, valid_fraction=cfg.data.valid_fraction,
-                       test_fraction=cfg.data.test_fraction, text_field=cfg.data.text_field)
 
 
 @dataclass
