@@ -1,10 +1,12 @@
-"""Tables built from results files alone: ppl, bits per byte or ppl relative to 1x, mean +- std over seeds.
+"""Tables built from results files alone: ppl, bits per byte or ppl relative to 1x, with intervals.
 
 One or several runs (``results.json`` each) become a list of :class:`Table` s: rows are encoding rows, columns
-are (run, eval length), cells are :class:`Cell` s (mean, std, seeds, status, footnote, best-in-column). The
-same tables are then written as Markdown, HTML or LaTeX (via tabulate), or as long-format CSV / JSON.
-Row order, column order, number format and footnote numbering depend only on the results, so a regenerated
-table diffs cleanly.
+are (run, eval length), cells are :class:`Cell` s (mean over seeds, std, its interval, seeds, status, footnote,
+best-in-column or tied with it). ``--compare REF`` adds each row's ppl relative to REF with its paired
+interval. Intervals and significance come from ``analysis/intervals.py``; a row whose model does not use its
+context (``plateau``) is flagged. The same tables are then written as Markdown, HTML or LaTeX (via tabulate),
+or as long-format CSV / JSON. Row order, column order, number format and footnote numbering depend only on
+the results, so a regenerated table diffs cleanly.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from tabulate import tabulate
 
 from posenc_bench.errors import PosencError
 from posenc_bench.bench.records import read_results
+from posenc_bench.analysis.intervals import CI, MIN_WINDOWS, Intervals
 from posenc_bench.files import atomic_write_text
 
 VALUES = ("ppl", "bpb", "ratio", "training")
@@ -37,6 +40,17 @@ TITLES = {
     "training": "Training (mean train loss, nats) and context use at 1x (test loss early vs late in the window)",
 }
 BEST_NOTE = "bold: best in its column"
+SIGNIFICANT_BEST_NOTE = ("bold: best in its column and better than every other row (the paired interval of the "
+                         "ratio excludes 1); ≈: tied with the best (its interval includes 1)")
+COMPARE_TITLE = "Perplexity relative to {ref} at the same length (paired); *: the interval excludes 1"
+TEXT_ONLY_NOTE = (f"text-only interval: a different trained model and fewer than {3} seeds, so another seed could "
+                  "move it by more than the text does; no significance claimed")
+# A model that uses its context predicts later positions of a window better than the first ones. At 1x, the
+# test loss over the second half of the window must be this many nats below the first bucket's (positions 0-7
+# in the default run). Rows that use position drop by 0.12-0.32 nats there; NoPE at the default scale by 0.003.
+PLATEAU_MARGIN = 0.05
+PLATEAU_NOTE = ("uses only local context: at 1x its loss late in the window is not {:g} nats below its loss in the "
+                "first positions, so its extrapolation numbers say little about the encoding")
 MARKER_OPEN = "<!-- posenc-bench table: {} -->"
 MARKER_CLOSE = "<!-- /posenc-bench table -->"
 
@@ -67,6 +81,10 @@ class Cell:
     reason: str = ""  # of the first seed that is not ok
     note: str = ""  # footnote mark, e.g. "[1]"
     best: bool = False
+    lo: float | None = None  # the interval (analysis/intervals.py); None without per-unit numbers
+    hi: float | None = None
+    tied: bool = False  # with the best of its column: the interval of the ratio to it includes 1
+    significant: Optional[bool] = None  # best: better than every other row; other rows: differs from the best
 
 
 @dataclass
@@ -88,6 +106,8 @@ class Table:
     columns: list[Column]
     cells: dict[tuple[str, int], Cell] = field(default_factory=dict)  # (row, column index) -> Cell
     digits: int = 2
+    row_notes: dict[str, str] = field(default_factory=dict)  # row -> footnote mark on its name (the plateau flag)
+    notes: list[str] = field(default_factory=list)  # footnote lines of the table as a whole
 
 
 @dataclass
@@ -139,12 +159,14 @@ def _values(records: list[dict], value: str) -> list[dict]:
 
 
 def build_table(runs: Sequence[Run], value: str, *, digits: int = 2, mark_best: bool = True,
-                notes: dict[str, str] | None = None) -> Table:
+                notes: dict[str, str] | None = None, intervals: Optional[dict[str, Intervals]] = None) -> Table:
     """One value ('ppl' | 'bpb' | 'ratio') for every row of every run. ``notes`` (reason -> mark) is shared
-    between the tables of one report, so a reason has the same footnote number everywhere."""
+    between the tables of one report, so a reason has the same footnote number everywhere. ``intervals`` (run
+    label -> Intervals) adds each cell's interval and decides bold and ties by significance."""
     if value not in VALUES or value == "training":
         raise ReportError(f"unknown table value {value!r}; valid: ppl, bpb, ratio")
     notes = {} if notes is None else notes
+    intervals = intervals or {}
     key = "ratio_1x" if value == "ratio" else value
     rows: list[str] = []
     columns: list[Column] = []
@@ -169,25 +191,91 @@ def build_table(runs: Sequence[Run], value: str, *, digits: int = 2, mark_best: 
             cell = _summarize(group, key) if group else Cell()
             if cell.reason:
                 cell.note = notes.setdefault(cell.reason, f"[{len(notes) + 1}]")
+            iv = intervals.get(columns[j].run)
+            if cell.status == "ok" and iv is not None and (i := iv.interval(value, row, columns[j].eval_len)):
+                cell.lo, cell.hi = i.lo, i.hi
             table.cells[row, j] = cell
     if mark_best:
-        _mark_best(table)
+        _mark_best(table, intervals)
     return table
 
 
-def _mark_best(table: Table) -> None:
-    """Bold the lowest mean in each column (ties at the printed precision all count). Not in a ratio table's
-    1x column (all 1.00 by definition), and not in a column with fewer than two numbers."""
+def _mark_best(table: Table, intervals: dict[str, Intervals]) -> None:
+    """In each column, the lowest mean. With intervals it is bold only when it is significantly better than
+    every other row (the paired interval of each row's ratio to it excludes 1), and rows whose interval
+    includes 1 are marked tied; a text-only comparison (different models, too few seeds) is neither. Without
+    intervals (older results) the lowest mean at the printed precision is bold. Never in a ratio table's 1x
+    column (all 1.00 by definition), nor in a column with fewer than two numbers."""
     for j, col in enumerate(table.columns):
         if table.value == "ratio" and col.eval_len == col.train_len:
             continue
-        shown = {row: round(c.mean, table.digits) for row in table.rows
-                 if (c := table.cells[row, j]).status == "ok" and c.mean is not None}
+        shown = {row: c.mean for row in table.rows if (c := table.cells[row, j]).status == "ok" and c.mean is not None}
         if len(shown) < 2:
             continue
-        best = min(shown.values())
-        for row, v in shown.items():
-            table.cells[row, j].best = v == best
+        iv = intervals.get(col.run)
+        if iv is None or not iv.available:
+            best = min(round(v, table.digits) for v in shown.values())
+            for row, v in shown.items():
+                table.cells[row, j].best = round(v, table.digits) == best
+            continue
+        best = min(shown, key=shown.get)
+        verdicts = {}
+        for row in shown:
+            if row != best:
+                c = iv.compare(table.value, row, best, col.eval_len)
+                verdicts[row] = None if c is None else c.significant
+                table.cells[row, j].significant = verdicts[row]
+                table.cells[row, j].tied = verdicts[row] is False
+        top = table.cells[best, j]
+        top.significant = all(v is True for v in verdicts.values())
+        top.best = top.significant
+
+
+def compare_table(runs: Sequence[Run], ref: str, intervals: dict[str, Intervals], *, digits: int = 2) -> Table:
+    """ppl of every row relative to ``ref`` at the same length (seed means), with the paired interval."""
+    rows = list(dict.fromkeys(r for run in runs for r in (run.data["run"].get("rows") or [])
+                              + [rec["encoding"] for rec in run.data["records"]]))
+    if not any(ref == rec["encoding"] for run in runs for rec in run.data["records"]):
+        raise ReportError(f"--compare {ref!r}: no such row in the results; rows: {', '.join(rows)}")
+    columns = [Column(run.label, L, T) for run in runs
+               for L, T in sorted({(r["eval_len"], r["train_len"]) for r in run.data["records"]})]
+    table = Table("compare", COMPARE_TITLE.format(ref=ref), rows, columns, digits=digits)
+    for row in rows:
+        for j, col in enumerate(columns):
+            iv = intervals.get(col.run)
+            c = iv.compare("ppl", row, ref, col.eval_len) if iv is not None else None
+            if c is None:
+                table.cells[row, j] = Cell()
+                continue
+            table.cells[row, j] = Cell("ok", c.interval.value, lo=c.interval.lo, hi=c.interval.hi,
+                                       significant=c.significant, note="†" if c.kind == "text-only" else "")
+    table.rows = [r for r in rows if any(table.cells[r, j].status == "ok" for j in range(len(columns)))]
+    return table
+
+
+def context_use(records: list[dict], row: str) -> Optional[tuple[float, float]]:
+    """(loss of the first position bucket, loss over the second half of the window) at 1x for ``row``, the
+    mean over its measured seeds: the measure of the training table. None without loss-by-position numbers."""
+    pairs = [p for r in records if r["encoding"] == row and r["eval_len"] == r["train_len"]
+             and (p := _early_late(r)) is not None]
+    if not pairs:
+        return None
+    return sum(p[0] for p in pairs) / len(pairs), sum(p[1] for p in pairs) / len(pairs)
+
+
+def _early_late(rec: dict) -> Optional[tuple[float, float]]:
+    """One record's loss in its first position bucket and over the second half of its window."""
+    by_pos = rec.get("loss_by_position") or []
+    late = [b for b in by_pos if b["start"] >= rec["eval_len"] // 2]
+    if rec["status"] != "ok" or not late:
+        return None
+    return by_pos[0]["loss"], sum(b["loss"] * b["tokens"] for b in late) / sum(b["tokens"] for b in late)
+
+
+def on_plateau(records: list[dict], row: str) -> bool:
+    """Whether ``row``'s model did not learn to use its context (see PLATEAU_MARGIN)."""
+    use = context_use(records, row)
+    return use is not None and use[0] - use[1] < PLATEAU_MARGIN
 
 
 def ppl_table(records: list[dict], *, value: str = "ppl", relative: bool = False, digits: int = 2,
@@ -225,8 +313,12 @@ def cell_text(cell: Cell, digits: int, fmt: str = "md") -> str:
     else:
         pm = {"latex": r"$\pm$"}.get(fmt, "±")
         text = f"{cell.mean:.{digits}f}"
-        if cell.std is not None:
+        if cell.lo is not None and not cell.lo == cell.hi == cell.mean:  # no interval on 1.00 by definition
+            text += f" [{cell.lo:.{digits}f}, {cell.hi:.{digits}f}]"
+        elif cell.std is not None:
             text += f" {pm} {cell.std:.{digits}f}"
+        if cell.tied:
+            text = {"latex": r"$\approx$"}.get(fmt, "≈") + text
         if cell.best:
             text = {"md": "**{}**", "html": "<b>{}</b>", "latex": r"\textbf{{{}}}"}.get(fmt, "{}").format(text)
         if cell.seeds_ok < cell.seeds:
@@ -240,14 +332,36 @@ def _frame(table: Table, fmt: str) -> pd.DataFrame:
     headers = [_escape(c.header(), fmt) for c in table.columns]
     frame = pd.DataFrame(
         [[cell_text(table.cells[row, j], table.digits, fmt) for j in range(len(table.columns))] for row in table.rows],
-        index=[_escape(r, fmt) for r in table.rows], columns=headers, dtype=object)
+        index=[_escape(r + (f" {table.row_notes[r]}" if r in table.row_notes else ""), fmt) for r in table.rows],
+        columns=headers, dtype=object)
     frame.index.name = "encoding"
     return frame
 
 
 def _footnotes(tables: Sequence[Table], notes: dict[str, str]) -> list[str]:
-    used = {c.note for t in tables for c in t.cells.values() if c.note}
-    return [f"{mark} {reason}" for reason, mark in notes.items() if mark in used]
+    used = {c.note for t in tables for c in t.cells.values() if c.note} | {m for t in tables for m in t.row_notes.values()}
+    return [f"{mark} {reason}" for reason, mark in notes.items() if mark in used] + [n for t in tables for n in t.notes]
+
+
+def run_intervals(runs: Sequence[Run], ci: float = CI) -> dict[str, Intervals]:
+    """The bootstrap of each run (by label), once per report."""
+    return {run.label: Intervals(run.data["records"], ci=ci) for run in runs}
+
+
+def annotate(table: Table, runs: Sequence[Run], intervals: dict[str, Intervals], notes: dict[str, str]) -> None:
+    """The flags a reader needs beside the numbers: rows whose model does not use its context (footnote on the
+    row), lengths with few independent windows, and text-only comparisons."""
+    for run in runs:
+        for row in table.rows:
+            if on_plateau(run.data["records"], row):
+                table.row_notes[row] = notes.setdefault(PLATEAU_NOTE.format(PLATEAU_MARGIN), f"[{len(notes) + 1}]")
+    for j, col in enumerate(table.columns):
+        iv = intervals.get(col.run)
+        if iv is not None and iv.available and iv.windows(col.eval_len) < MIN_WINDOWS:
+            table.notes.append(f"{col.header()}: only {iv.windows(col.eval_len)} independent windows of "
+                               f"{col.eval_len} tokens; its intervals rest on few samples")
+    if any(c.note == "†" for c in table.cells.values()):
+        table.notes.append("† " + TEXT_ONLY_NOTE)
 
 
 # ----------------------------------------------------------------------------------------- the caption
@@ -364,13 +478,10 @@ def training_table(records: list[dict], row_order: list[str] | None = None) -> p
             if curve:
                 step, loss = min(curve, key=lambda c: abs(c[0] - frac * curve[-1][0]))
                 row[f"train loss @ step {step}"] = f"{loss:.3f}"
-        by_pos = r.get("loss_by_position") or []
-        if r["status"] == "ok" and by_pos:
-            first = by_pos[0]
-            late = [b for b in by_pos if b["start"] >= r["eval_len"] // 2]
-            late_loss = sum(b["loss"] * b["tokens"] for b in late) / max(1, sum(b["tokens"] for b in late))
-            row[f"1x loss, positions {first['start']}-{first['end'] - 1}"] = f"{first['loss']:.3f}"
-            row[f"1x loss, positions {r['eval_len'] // 2}-{r['eval_len'] - 1}"] = f"{late_loss:.3f}"
+        if (use := _early_late(r)) is not None:
+            first = r["loss_by_position"][0]
+            row[f"1x loss, positions {first['start']}-{first['end'] - 1}"] = f"{use[0]:.3f}"
+            row[f"1x loss, positions {r['eval_len'] // 2}-{r['eval_len'] - 1}"] = f"{use[1]:.3f}"
         else:
             row["status"] = r["status"]
         rows.append(row)
@@ -407,19 +518,29 @@ def _training_frame(run: Run, fmt: str) -> pd.DataFrame:
 
 
 def render(runs: Sequence[Run], *, fmt: str = "md", values: Sequence[str] = DEFAULT_VALUES, digits: int = 2,
-           mark_best: bool = True) -> str:
+           mark_best: bool = True, ci: float = CI, compare: Optional[str] = None) -> str:
     """The report for ``runs`` in ``fmt``: Markdown / HTML / LaTeX tables with caption and footnotes, or the
-    long-format CSV / JSON of the same cells."""
+    long-format CSV / JSON of the same cells. ``ci``: the intervals' level; ``compare``: a reference row, every
+    row's ppl relative to it follows the ppl table."""
     if fmt not in FORMATS:
         raise ReportError(f"unknown report format {fmt!r}; valid: {', '.join(FORMATS)}")
     values = parse_values(values)
+    if compare is not None:
+        at = values.index("ppl") + 1 if "ppl" in values else len(values)
+        values = values[:at] + ["compare"] + values[at:]
     notes: dict[str, str] = {}
-    tables = [build_table(runs, v, digits=digits, mark_best=mark_best, notes=notes) for v in values if v != "training"]
+    intervals = run_intervals(runs, ci)
+    tables = [compare_table(runs, compare, intervals, digits=max(digits, 3)) if v == "compare" else
+              build_table(runs, v, digits=digits, mark_best=mark_best, notes=notes, intervals=intervals)
+              for v in values if v != "training"]
+    for t in tables:
+        annotate(t, runs, intervals, notes)
     if fmt == "csv":
         return _csv(runs, tables)
     if fmt == "json":
         return _json(runs, tables, notes, values)
-    captions = [(f"{r.label}: " if r.label else "") + caption(r.data["run"], r.data["records"]) for r in runs]
+    captions = [(f"{r.label}: " if r.label else "") + caption(r.data["run"], r.data["records"])
+                + " " + intervals[r.label].describe().capitalize() + "." for r in runs]
     blocks: list[tuple[str, str, list[str]]] = []  # (title, table text, footnotes)
     it = iter(tables)
     for v in values:
@@ -431,7 +552,7 @@ def render(runs: Sequence[Run], *, fmt: str = "md", values: Sequence[str] = DEFA
                     blocks.append((title, _tabulate(frame, fmt), []))
             continue
         table = next(it)
-        title = TITLES[v] + ("; " + BEST_NOTE if mark_best and any(c.best for c in table.cells.values()) else "")
+        title = table.title + _best_note(table, intervals, mark_best)
         blocks.append((title, _tabulate(_frame(table, fmt), fmt), _footnotes([table], notes)))
     if fmt == "md":
         out = [*(c + "\n" for c in captions)]
@@ -453,6 +574,14 @@ def render(runs: Sequence[Run], *, fmt: str = "md", values: Sequence[str] = DEFA
     return "\n".join(out)
 
 
+def _best_note(table: Table, intervals: dict[str, Intervals], mark_best: bool) -> str:
+    if table.value == "compare" or not mark_best:
+        return ""
+    if any(c.best or c.tied for c in table.cells.values()):
+        return "; " + (SIGNIFICANT_BEST_NOTE if any(iv.available for iv in intervals.values()) else BEST_NOTE)
+    return ""
+
+
 def _long_rows(runs: Sequence[Run], tables: Sequence[Table]) -> list[dict]:
     rows = []
     for t in tables:
@@ -464,15 +593,16 @@ def _long_rows(runs: Sequence[Run], tables: Sequence[Table]) -> list[dict]:
                 rows.append({
                     "run": col.run, "value": t.value, "encoding": row, "train_len": col.train_len,
                     "eval_len": col.eval_len, "multiple": round(col.eval_len / col.train_len, 6), "mean": c.mean,
-                    "std": c.std, "seeds_ok": c.seeds_ok, "seeds": c.seeds, "status": c.status, "reason": c.reason,
-                    "best": c.best,
+                    "std": c.std, "lo": c.lo, "hi": c.hi, "seeds_ok": c.seeds_ok, "seeds": c.seeds,
+                    "status": c.status, "reason": c.reason, "best": c.best, "tied": c.tied,
+                    "significant": c.significant, "plateau": row in t.row_notes,
                 })
     return rows
 
 
 def _csv(runs: Sequence[Run], tables: Sequence[Table]) -> str:
-    cols = ["run", "value", "encoding", "train_len", "eval_len", "multiple", "mean", "std", "seeds_ok", "seeds",
-            "status", "reason", "best"]
+    cols = ["run", "value", "encoding", "train_len", "eval_len", "multiple", "mean", "std", "lo", "hi", "seeds_ok",
+            "seeds", "status", "reason", "best", "tied", "significant", "plateau"]
     buf = io.StringIO()
     pd.DataFrame(_long_rows(runs, tables), columns=cols).to_csv(buf, index=False, float_format="%.6g",
                                                                 lineterminator="\n")
@@ -481,12 +611,14 @@ def _csv(runs: Sequence[Run], tables: Sequence[Table]) -> str:
 
 def _json(runs: Sequence[Run], tables: Sequence[Table], notes: dict[str, str], values: Sequence[str]) -> str:
     out = {
-        "runs": [{"label": r.label, "path": r.path, "caption": caption(r.data["run"], r.data["records"])} for r in runs],
+        "runs": [{"label": r.label, "path": r.path, "caption": caption(r.data["run"], r.data["records"]),
+                  "intervals": Intervals(r.data["records"], draws=0).describe()} for r in runs],
         "tables": [{
             "value": t.value, "title": t.title,
             "columns": [asdict(c) | {"header": c.header()} for c in t.columns],
-            "rows": [{"encoding": row, "cells": [asdict(t.cells[row, j]) for j in range(len(t.columns))]}
-                     for row in t.rows],
+            "rows": [{"encoding": row, "plateau": row in t.row_notes,
+                      "cells": [asdict(t.cells[row, j]) for j in range(len(t.columns))]} for row in t.rows],
+            "notes": t.notes,
         } for t in tables],
         "footnotes": {mark: reason for reason, mark in notes.items()},
     }

@@ -11,6 +11,11 @@
 4. ppl = exp(sum of target NLL / number of targets), token-weighted over all windows and segments;
    bpb = sum NLL / ln 2 / bytes of text behind the targets (BOS targets mark document starts, 0 bytes; with
    another tokenizer, ``token_bytes`` gives each token's UTF-8 bytes, see ``hf.py``).
+5. For intervals (``analysis/intervals.py``) each result also keeps the NLL sum, target count and byte count of
+   every resampling unit: consecutive blocks of ``Scoring.unit`` targets (the run's longest eval length) within
+   each segment, numbered segment by segment. A unit is a set of target positions, so it is the same text at
+   every length and for every row of a run; at the longest length it is exactly one window (its own context),
+   at shorter lengths it holds several windows.
 """
 
 from __future__ import annotations
@@ -74,12 +79,14 @@ def logits_nll(forward: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[tor
 @dataclass(frozen=True)
 class Scoring:
     """How windows are batched and reported: tokens per forward pass, loss-by-position buckets over
-    [0, bucket_span) (default: the length itself), and the strided protocol's stride (None: non-overlapping)."""
+    [0, bucket_span) (default: the length itself), the strided protocol's stride (None: non-overlapping), and
+    the resampling unit in targets (default: bucket_span, else the length; runs use their longest length)."""
 
     batch_tokens: int = 16384
     buckets: int = 64
     bucket_span: Optional[int] = None
     stride: Optional[int] = None
+    unit: Optional[int] = None
 
 
 @torch.inference_mode()
@@ -102,8 +109,9 @@ def evaluate_length(
 
     ``scoring.stride``: the strided protocol (see ``windows``); None is the default non-overlapping protocol.
 
-    Returns loss (mean NLL, nats), ppl, bpb, tokens, bytes and loss_by_position: ``scoring.buckets`` equal spans
-    of window positions over [0, bucket_span) (default: length), each with its mean loss and token count.
+    Returns loss (mean NLL, nats), ppl, bpb, tokens, bytes, loss_by_position (``scoring.buckets`` equal spans
+    of window positions over [0, bucket_span) (default: length), each with its mean loss and token count) and
+    units (see the module docstring: the unit size and, per unit, its NLL sum, targets and bytes).
     """
     if nll_fn is None:
         nll_fn = logits_nll(forward)
@@ -115,6 +123,13 @@ def evaluate_length(
     pos_count = torch.zeros(buckets, dtype=torch.float64)
     n_tokens = 0
     n_bytes = 0
+    S = segments.shape[1] - 1
+    unit = scoring.unit or span
+    per_segment = -(-S // unit)
+    unit_nll = torch.zeros(segments.shape[0], per_segment, dtype=torch.float64)  # (segments, units per segment)
+    unit_tokens = torch.zeros(segments.shape[0], per_segment, dtype=torch.float64)
+    unit_bytes = torch.zeros(segments.shape[0], per_segment, dtype=torch.float64)
+    scored = 0  # targets of each segment scored so far: windows come in order and score each target once
     t0 = time.perf_counter()
     parts = windows(segments, length, stride)
     byte_parts = windows(token_bytes, length, stride) if token_bytes is not None else [None] * len(parts)
@@ -124,6 +139,7 @@ def evaluate_length(
         for (inputs, targets, first), byte_part in zip(parts, byte_parts):
             l = inputs.shape[1]
             bucket_of = (torch.arange(first, l) // width).clamp(max=buckets - 1)  # (scored columns,)
+            unit_of = (scored + torch.arange(l - first)) // unit  # (scored columns,) unit within the segment
             for i in range(0, inputs.shape[0], rows_per_batch):
                 x = inputs[i : i + rows_per_batch].to(device)
                 y = targets[i : i + rows_per_batch]
@@ -132,10 +148,14 @@ def evaluate_length(
                 nll_sum += nll.sum()
                 pos_sum.index_add_(0, bucket_of, nll.sum(0))
                 pos_count.index_add_(0, bucket_of, torch.full((l - first,), float(y.shape[0]), dtype=torch.float64))
+                b = (y < 256) if byte_part is None else byte_part[1][i : i + rows_per_batch, first:]  # (b, cols)
+                unit_nll[i : i + y.shape[0]].index_add_(1, unit_of, nll)
+                unit_tokens[i : i + y.shape[0]].index_add_(1, unit_of, torch.ones_like(nll))
+                unit_bytes[i : i + y.shape[0]].index_add_(1, unit_of, b.double())
                 n_tokens += y.numel()
-                n_bytes += (count_bytes(y) if byte_part is None
-                            else int(byte_part[1][i : i + rows_per_batch, first:].sum()))
+                n_bytes += (count_bytes(y) if byte_part is None else int(b.sum()))
                 bar.update(1)
+            scored += l - first
     expected = segments.shape[0] * (segments.shape[1] - 1)
     if n_tokens != expected:  # the protocol's invariant: every target of every segment, once
         raise AssertionError(f"scored {n_tokens} targets at length {length}, expected {expected}")
@@ -156,6 +176,8 @@ def evaluate_length(
         "tokens": n_tokens,
         "bytes": n_bytes,
         "loss_by_position": by_pos,
+        "units": {"size": unit, "nll": unit_nll.flatten().tolist(), "tokens": unit_tokens.flatten().int().tolist(),
+                  "bytes": unit_bytes.flatten().int().tolist()},
         "eval_time_s": time.perf_counter() - t0,
     }
 
@@ -178,7 +200,7 @@ class EvalSet:
         lengths = cfg.eval_lengths()
         segments = eval_segments(corpus.stream(cfg.eval.split), segment_length(lengths), cfg.eval.tokens)
         return cls(segments, lengths, Scoring(cfg.eval.batch_tokens, cfg.eval.position_buckets, max(lengths),
-                                              cfg.eval.stride or None))
+                                              cfg.eval.stride or None, max(lengths)))
 
 
 def evaluate_model(model, evalset: EvalSet, length: int, rt) -> dict:

@@ -189,7 +189,8 @@ class _HFRows:
                     res = {**self.unscaled[L], "eval_time_s": 0.0}  # bit-identical frequencies: the unscaled numbers
                     rec["same_as"] = self.base
                 else:
-                    res = evaluate_length(None, self.text.segments, L, Scoring(L, HF_BUCKETS, max(self.run["eval_lengths"])),
+                    res = evaluate_length(None, self.text.segments, L, Scoring(L, HF_BUCKETS, max(self.run["eval_lengths"]),
+                                                  unit=max(self.run["eval_lengths"])),
                                           show_progress=self.show_progress, token_bytes=self.text.token_bytes,
                                           device=hf.device, nll_fn=hf.nll)
         except PosencError as e:

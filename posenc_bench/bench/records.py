@@ -79,7 +79,7 @@ class ResultsStore:
 
 # ---- the record ----------------------------------------------------------------------------------------
 
-MEASURED = ("ppl", "bpb", "loss", "tokens", "bytes", "loss_by_position", "eval_time_s")
+MEASURED = ("ppl", "bpb", "loss", "tokens", "bytes", "loss_by_position", "units", "eval_time_s")
 
 
 def new_record(run: dict, row: str, seed: int, eval_len: int, **fields: Any) -> dict:
@@ -97,7 +97,7 @@ def new_record(run: dict, row: str, seed: int, eval_len: int, **fields: Any) -> 
 
 def measured(rec: dict, result: dict) -> dict:
     """``rec`` with the numbers of one evaluation (``bench.evaluate``'s result)."""
-    rec.update({k: result[k] for k in MEASURED})
+    rec.update({k: result[k] for k in MEASURED if k in result})
     return rec
 
 

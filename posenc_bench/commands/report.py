@@ -21,6 +21,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
                     help="tables, in order: ppl, bpb, ratio (ppl / ppl at 1x), training (default: ppl,ratio,training)")
     rp.add_argument("--digits", type=int, default=2, help="decimals in table cells (default 2)")
     rp.add_argument("--no-best", action="store_true", help="do not bold the best value in each column")
+    rp.add_argument("--ci", type=float, default=0.95, metavar="LEVEL",
+                    help="level of the intervals, between 0 and 1 (default 0.95): a paired bootstrap over the eval "
+                         "text's units and the training seeds")
+    rp.add_argument("--compare", metavar="ROW",
+                    help="add every row's ppl relative to ROW (e.g. rope) at the same length, with its paired "
+                         "interval; * where the interval excludes 1")
     rp.add_argument("--out", help="write to this file (atomically) instead of printing")
     rp.add_argument("--update", metavar="FILE",
                     help="rewrite the block between '<!-- posenc-bench table: RESULTS -->' and "
@@ -35,7 +41,10 @@ def cmd(args: argparse.Namespace) -> int:
     fmt = report.format_for(args.out, FORMAT_ALIASES.get(args.format, args.format))
     if args.update and fmt != "md":
         raise PosencError(f"--update writes a Markdown table; drop --format {fmt} (or write it with --out)")
-    text = report.render(runs, fmt=fmt, values=args.value, digits=args.digits, mark_best=not args.no_best)
+    if not 0 < args.ci < 1:
+        raise PosencError(f"--ci {args.ci:g}: the level must be between 0 and 1 (e.g. 0.95, 0.9)")
+    text = report.render(runs, fmt=fmt, values=args.value, digits=args.digits, mark_best=not args.no_best,
+                         ci=args.ci, compare=args.compare)
     if args.update:
         key = report.marker_key(args.results)
         changed = report.update_file(args.update, key, text)

@@ -120,3 +120,22 @@ def test_matches_transformers_own_loss():
             count += n
     assert ours["tokens"] == count
     assert ours["ppl"] == pytest.approx(math.exp(total / count), rel=1e-4)
+
+
+@pytest.mark.parametrize("stride", [None, 3])
+def test_units_are_the_same_targets_at_every_length(stride):
+    """Each unit holds the NLL of a fixed block of target positions: a context-free model gives the same unit
+    sums at every length and protocol, equal to a hand computation, and the units add up to the totals."""
+    seg = segments()  # (N, S + 1)
+    model = Bigram()
+    logp = model.table.log_softmax(-1)
+    N, S, unit = seg.shape[0], seg.shape[1] - 1, 8
+    nll = -logp[seg[:, :-1], seg[:, 1:]].double()  # (N, S) each target's NLL
+    hand = torch.nn.functional.pad(nll, (0, -S % unit)).view(N, -1, unit).sum(-1).flatten()  # (N * units,)
+    for length in (8, 5, 24):
+        res = evaluate_length(model, seg, length, Scoring(batch_tokens=7, stride=stride, unit=unit))
+        u = res["units"]
+        assert u["size"] == unit and len(u["nll"]) == N * -(-S // unit)
+        assert torch.allclose(torch.tensor(u["nll"], dtype=torch.float64), hand, rtol=1e-6, atol=1e-5)
+        assert sum(u["tokens"]) == res["tokens"] and sum(u["bytes"]) == res["bytes"]
+        assert sum(u["nll"]) == pytest.approx(res["loss"] * res["tokens"], rel=1e-9)

@@ -1,0 +1,129 @@
+"""The paired two-level bootstrap: exact identities, coverage on data with a known answer, and how the width
+moves with units and seed spread."""
+
+import math
+
+import numpy as np
+import pytest
+
+from posenc_bench.analysis.intervals import Intervals, MIN_SEEDS
+
+TOKENS = 1000  # targets per unit in the synthetic data
+
+
+def _rec(row, seed, L, nll, *, train_len=128, key=None, status="ok"):
+    n = len(nll)
+    return {"encoding": row, "seed": seed, "eval_len": L, "train_len": train_len, "status": status,
+            "cell_key": key or f"{row}-{seed}",
+            "units": {"size": 512, "nll": [float(x) for x in nll], "tokens": [TOKENS] * n, "bytes": [TOKENS - 2] * n}}
+
+
+def _unit_sums(rng, mean, units, shape=()):
+    """Unit NLL sums of TOKENS targets each, every target's NLL drawn from an exponential with ``mean``."""
+    return rng.gamma(TOKENS, mean, size=(*shape, units))  # a sum of TOKENS exponentials is Gamma(TOKENS, mean)
+
+
+def test_point_values_are_the_tables_numbers():
+    nll = [1500.0, 1700.0, 1600.0]
+    iv = Intervals([_rec("a", 0, 128, nll), _rec("a", 0, 256, [2000.0] * 3)])
+    ppl = iv.interval("ppl", "a", 128)
+    assert ppl.value == pytest.approx(math.exp(4800 / 3000))  # exp(sum NLL / targets), token-weighted
+    assert iv.interval("bpb", "a", 128).value == pytest.approx(4800 / math.log(2) / (3 * (TOKENS - 2)))
+    assert iv.interval("ratio", "a", 256).value == pytest.approx(math.exp(2) / math.exp(1.6))
+    assert iv.interval("ratio", "a", 128).value == 1.0
+    assert ppl.lo <= ppl.value <= ppl.hi
+
+
+def test_a_row_against_itself_or_a_copy_is_exactly_one():
+    rng = np.random.default_rng(0)
+    sums = _unit_sums(rng, 1.5, 50)
+    iv = Intervals([_rec("a", 0, 128, sums, key="m"), _rec("b", 0, 128, sums, key="m")])
+    for ref in ("a", "b"):
+        c = iv.compare("ppl", "a", ref, 128)
+        assert (c.interval.value, c.interval.lo, c.interval.hi) == (1.0, 1.0, 1.0)
+        assert c.significant is False
+
+
+def test_same_results_same_intervals_and_the_level_matters():
+    rng = np.random.default_rng(1)
+    recs = [_rec("a", 0, 128, _unit_sums(rng, 1.5, 60))]
+    first, again = Intervals(recs).interval("ppl", "a", 128), Intervals(recs).interval("ppl", "a", 128)
+    assert first == again
+    narrow = Intervals(recs, ci=0.5).interval("ppl", "a", 128)
+    assert first.lo < narrow.lo < narrow.hi < first.hi
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        Intervals(recs, ci=95)
+
+
+def test_coverage_of_ppl_and_of_a_paired_ratio():
+    """400 independent data sets of 100 units with a known mean NLL: the 95% intervals hold the true ppl and
+    the true ratio in close to 95% of them."""
+    rng = np.random.default_rng(2)
+    n, units, mu, delta = 400, 100, 1.5, 0.02
+    base = _unit_sums(rng, mu, units, (n,))  # (n, units)
+    # row b: the same targets, each NLL moved by delta plus per-target noise of sd 0.3 (summed per unit)
+    other = base + TOKENS * delta + rng.normal(0, 0.3 * math.sqrt(TOKENS), size=(n, units))
+    recs = [_rec(f"a{i}", 0, 128, base[i], key="m") for i in range(n)]
+    recs += [_rec(f"b{i}", 0, 128, other[i], key="m") for i in range(n)]
+    iv = Intervals(recs)
+    ppl = [iv.interval("ppl", f"a{i}", 128) for i in range(n)]
+    ratio = [iv.compare("ppl", f"b{i}", f"a{i}", 128).interval for i in range(n)]
+    cover_ppl = np.mean([p.lo <= math.exp(mu) <= p.hi for p in ppl])
+    cover_ratio = np.mean([r.lo <= math.exp(delta) <= r.hi for r in ratio])
+    assert abs(cover_ppl - 0.95) < 0.03, cover_ppl
+    assert abs(cover_ratio - 0.95) < 0.03, cover_ratio
+    # pairing is what makes the ratio sharp: the unpaired interval of the same ratio is several times wider
+    paired = iv.compare("ppl", "b0", "a0", 128).interval
+    unpaired = iv.compare("ppl", "b0", "a0", 128, paired=False).interval
+    assert (unpaired.hi - unpaired.lo) > 3 * (paired.hi - paired.lo)
+
+
+def test_four_times_the_units_halves_the_width():
+    rng = np.random.default_rng(3)
+    widths = []
+    for units in (100, 400):
+        w = [(i.hi - i.lo) for k in range(20)
+             if (i := Intervals([_rec("a", 0, 128, _unit_sums(rng, 1.5, units))]).interval("ppl", "a", 128))]
+        widths.append(np.mean(w))
+    assert widths[1] / widths[0] == pytest.approx(0.5, abs=0.08)
+
+
+def test_seed_spread_widens_the_interval_and_few_seeds_are_text_only():
+    rng = np.random.default_rng(4)
+    sums = _unit_sums(rng, 1.5, 100)
+
+    def run(spread, seeds=3):
+        recs = []
+        for s in range(seeds):
+            shift = TOKENS * spread * (s - 1)  # seed s moves every unit's mean NLL by spread * (s - 1)
+            recs += [_rec("a", s, 128, sums + shift), _rec("b", s, 128, sums + shift + TOKENS * 0.05)]
+        return Intervals(recs)
+
+    tight, wide = run(0.0).interval("ppl", "a", 128), run(0.05).interval("ppl", "a", 128)
+    assert (wide.hi - wide.lo) > 2 * (tight.hi - tight.lo)
+    assert run(0.0).compare("ppl", "b", "a", 128).kind == "paired"
+    one_seed = run(0.0, seeds=1)
+    c = one_seed.compare("ppl", "b", "a", 128)  # different trained models, one seed
+    assert MIN_SEEDS > 1 and c.kind == "text-only" and c.significant is None
+    assert c.interval.lo > 1  # the text alone would call it: the label is what withholds the claim
+
+
+def test_same_model_rows_are_compared_with_one_seed():
+    rng = np.random.default_rng(5)
+    sums = _unit_sums(rng, 1.5, 100)
+    iv = Intervals([_rec("rope", 0, 512, sums, key="k"), _rec("rope-ntk", 0, 512, sums * 0.98, key="k")])
+    c = iv.compare("ppl", "rope-ntk", "rope", 512)
+    assert c.kind == "paired" and c.significant is True and c.interval.hi < 1
+
+
+def test_missing_numbers_and_old_results():
+    rng = np.random.default_rng(6)
+    recs = [_rec("a", 0, 128, _unit_sums(rng, 1.5, 40)), _rec("a", 0, 512, [], status="n/a")]
+    recs[1]["units"] = None
+    iv = Intervals(recs)
+    assert iv.interval("ppl", "a", 512) is None and iv.interval("ratio", "a", 512) is None
+    assert iv.interval("ppl", "a", 128) is not None
+    old = [{k: v for k, v in r.items() if k != "units"} for r in recs]
+    iv = Intervals(old)
+    assert not iv.available and iv.interval("ppl", "a", 128) is None
+    assert "predate per-unit numbers" in iv.describe()
