@@ -9,9 +9,17 @@ against an allowed tolerance:
   the ratio; a change that hurts only long lengths moves both.
 
 The allowed rise is the configured tolerance (``gate.ppl_tol``, ``gate.ratio_tol``, overridable per
-encoding row under ``gate.per_encoding``). When the baseline has two or more seeds, it is widened to
-``gate.sigmas`` standard errors of the difference of two means, from the baseline's seed spread:
-``sigmas * std / mean * sqrt(1/n_baseline + 1/n_current)``, so seed noise does not fail the gate.
+encoding row under ``gate.per_encoding``), widened where noise could explain more:
+
+- when both files carry per-unit numbers (``analysis/intervals.py``), a change fails only when it is beyond
+  the tolerance AND its 95% interval excludes 0: the paired bootstrap of current / baseline - 1 over the same
+  eval units (both runs scored the same text) and, with several seeds, the seeds. ``allowed`` is then the
+  larger of the tolerance and the change minus the interval's lower bound;
+- for older baselines without them, when the baseline has two or more seeds, the tolerance is widened to
+  ``gate.sigmas`` standard errors of the difference of two means, from the baseline's seed spread:
+  ``sigmas * std / mean * sqrt(1/n_baseline + 1/n_current)``, so seed noise does not fail the gate.
+
+The table says which bound decided each check (``allowed_from``).
 
 Verdicts: ``ok``; ``improved`` (better by more than allowed: consider updating the baseline);
 ``REGRESSED`` (worse by more than allowed, or ok in the baseline but n/a or diverged now); ``MISSING``
@@ -33,6 +41,7 @@ from typing import Optional
 
 from posenc_bench.errors import PosencError
 from posenc_bench.bench.records import ResultsError, differences, read_results
+from posenc_bench.analysis.intervals import CI, Intervals
 from posenc_bench.files import atomic_write_json, atomic_write_text
 
 PASS, FAIL = 0, 1
@@ -59,9 +68,11 @@ class Check:
     current: Optional[float] = None
     change: Optional[float] = None  # relative: current / baseline - 1
     allowed: Optional[float] = None  # relative rise allowed
-    allowed_from: str = ""  # "tolerance" | "seed spread (3 sigma, 3 vs 3 seeds)"
+    allowed_from: str = ""  # "tolerance" | "interval (95%, paired)" | "seed spread (3 sigma, 3 vs 3 seeds)"
     verdict: str = "ok"
     detail: str = ""
+    lo: Optional[float] = None  # the change's interval, when both files carry per-unit numbers
+    hi: Optional[float] = None
 
     @property
     def failed(self) -> bool:
@@ -152,11 +163,19 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
     return m, s
 
 
-def _check(enc: str, L: int, T: int, metric: str, b: list[float], c: list[float], tol: float, sigmas: float) -> Check:
+def _check(enc: str, L: int, T: int, metric: str, b: list[float], c: list[float], tol: float, sigmas: float,
+           paired: Optional[Intervals] = None) -> Check:
     bm, bs = _mean_std(b)
     cm, _ = _mean_std(c)
     change = cm / bm - 1
     allowed, source = tol, "tolerance"
+    ratio = paired.compare(metric, f"current:{enc}", f"baseline:{enc}", L) if paired is not None else None
+    if ratio is not None:
+        lo, hi = ratio.interval.lo - 1, ratio.interval.hi - 1
+        if change - lo > tol:
+            allowed, source = change - lo, f"interval ({paired.ci:.0%}, paired)"
+        verdict = "REGRESSED" if change > allowed else ("improved" if change < -tol and hi < 0 else "ok")
+        return Check(enc, L, T, metric, bm, cm, change, allowed, source, verdict, lo=lo, hi=hi)
     if len(b) >= 2 and bm > 0:
         spread = sigmas * bs / bm * math.sqrt(1 / len(b) + 1 / len(c))
         if spread > tol:
@@ -175,6 +194,7 @@ def compare(baseline: dict, current: dict, tolerances: dict[str, Tolerance], def
             + ". Regenerate the baseline from the same config with --update-baseline"
         )
     bc, cc = _cells(baseline), _cells(current)
+    paired = _paired(baseline, current)
     train_len = baseline["run"]["config"]["train"]["train_len"]
     checks: list[Check] = []
     b_rows = list(dict.fromkeys(k[0] for k in bc))
@@ -203,9 +223,9 @@ def compare(baseline: dict, current: dict, tolerances: dict[str, Tolerance], def
                     checks.append(Check(enc, L, train_len, "-", verdict="improved",
                                         detail=f"{b.status} in the baseline, {c.status} now"))
                 continue
-            checks.append(_check(enc, L, train_len, "ppl", b.ppl, c.ppl, tol.ppl_tol, tol.sigmas))
+            checks.append(_check(enc, L, train_len, "ppl", b.ppl, c.ppl, tol.ppl_tol, tol.sigmas, paired))
             if L != train_len and b.ratio and c.ratio:
-                checks.append(_check(enc, L, train_len, "ratio", b.ratio, c.ratio, tol.ratio_tol, tol.sigmas))
+                checks.append(_check(enc, L, train_len, "ratio", b.ratio, c.ratio, tol.ratio_tol, tol.sigmas, paired))
     for enc in c_rows:
         if enc not in b_rows:
             checks.append(Check(enc, 0, train_len, "-", verdict="new",
@@ -220,7 +240,23 @@ def compare(baseline: dict, current: dict, tolerances: dict[str, Tolerance], def
     spread = [c for c in checks if c.allowed_from.startswith("seed spread")]
     if spread:
         notes.append(f"{len(spread)} check(s) allow more than the tolerance because of the baseline's seed spread")
+    widened = [c for c in checks if c.allowed_from.startswith("interval")]
+    if widened:
+        notes.append(f"{len(widened)} check(s) allow more than the tolerance because the interval of the change is wider")
+    if paired is None:
+        notes.append("no per-unit numbers in both files: the seed-spread rule (gate.sigmas) applies")
     return GateResult(checks, notes)
+
+
+def _paired(baseline: dict, current: dict) -> Optional[Intervals]:
+    """The bootstrap of both runs together (rows ``baseline:<row>``, ``current:<row>``): they scored the same
+    text, so each draw takes the same units in both. None when either lacks per-unit numbers."""
+    if not all(any(r.get("units") for r in d["records"]) for d in (baseline, current)):
+        return None
+    records = [{**r, "encoding": f"{side}:{r['encoding']}"} for side, d in (("baseline", baseline), ("current", current))
+               for r in d["records"]]
+    iv = Intervals(records, ci=CI)
+    return iv if iv.available else None
 
 
 # ------------------------------------------------------------------------------------------------ output
@@ -234,15 +270,20 @@ def _num(x: Optional[float]) -> str:
     return "" if x is None else f"{x:.4f}"
 
 
+_BOUND = {"tolerance": "tolerance", "interval": "interval", "seed": "seed spread"}
+
+
 def markdown(result: GateResult) -> str:
     from tabulate import tabulate
 
     rows = [[c.encoding, c.length(), c.metric, _num(c.baseline), _num(c.current), _pct(c.change),
-             (_pct(c.allowed) + (" (seeds)" if c.allowed_from.startswith("seed") else "")) if c.allowed is not None else "",
+             "" if c.lo is None else f"[{_pct(c.lo)}, {_pct(c.hi)}]", _pct(c.allowed),
+             _BOUND.get(c.allowed_from.split(" ")[0], "") if c.allowed is not None else "",
              f"**{c.verdict}**" if c.failed else c.verdict, c.detail] for c in result.checks]
-    table = tabulate(rows, headers=["encoding", "length", "metric", "baseline", "current", "change", "allowed",
-                                    "verdict", "note"], tablefmt="github", disable_numparse=True,
-                     colalign=("left", "left", "left", "right", "right", "right", "right", "left", "left"))
+    table = tabulate(rows, headers=["encoding", "length", "metric", "baseline", "current", "change", "interval",
+                                    "allowed", "decided by", "verdict", "note"], tablefmt="github", disable_numparse=True,
+                     colalign=("left", "left", "left", "right", "right", "right", "right", "right", "left", "left",
+                               "left"))
     lines = [result.summary(), "", f"baseline: {result.baseline}  ", f"current: {result.current}", "", table]
     if result.notes:
         lines += [""] + [f"- {n}" for n in result.notes]

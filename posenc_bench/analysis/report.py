@@ -263,6 +263,11 @@ def context_use(records: list[dict], row: str) -> Optional[tuple[float, float]]:
     return sum(p[0] for p in pairs) / len(pairs), sum(p[1] for p in pairs) / len(pairs)
 
 
+def plateau_rows(records: list[dict]) -> list[str]:
+    """The rows of ``records`` whose model does not use its context (``on_plateau``)."""
+    return [row for row in dict.fromkeys(r["encoding"] for r in records) if on_plateau(records, row)]
+
+
 def _early_late(rec: dict) -> Optional[tuple[float, float]]:
     """One record's loss in its first position bucket and over the second half of its window."""
     by_pos = rec.get("loss_by_position") or []

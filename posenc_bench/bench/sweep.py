@@ -294,14 +294,17 @@ def train_worker(cfg: RunConfig, dist: Dist) -> None:
               resume=Resume(None, cfg.save_every, key), grad_accum=cfg.grad_accum)
 
 
+RUN_OUTPUTS = ("results.json", "results.csv", "table.md", "config.yaml", "checkpoints")  # what a run writes
+
+
 def remove_outputs(out: Path, cfg: Optional[RunConfig] = None, shard: Optional[tuple[int, int]] = None) -> None:
-    """Delete a results folder (``run --fresh``); for a shard, only its results file and its cells' checkpoints
-    (the folder is shared with the other shards)."""
-    if shard is None:  # everything but the lock of the run that is starting
+    """Delete what runs wrote in a results folder (``run --fresh``): results files, tables, config and
+    checkpoints, never anything else a user keeps there (a README, figures); for a shard, only its results file
+    and its cells' checkpoints (the folder is shared with the other shards)."""
+    if shard is None:  # the lock of the run that is starting stays
         for entry in out.iterdir() if out.exists() else []:
-            if entry.name.startswith(".results.json."):
-                continue
-            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+            if entry.name in RUN_OUTPUTS or (entry.name.startswith("results.shard-") and entry.suffix == ".json"):
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
         return
     (out / shard_file(*shard)).unlink(missing_ok=True)
     cells = shard_cells(cfg.cells(), *shard)

@@ -106,7 +106,7 @@ def cmd(args: argparse.Namespace) -> int:
 
     from posenc_bench.bench import dist as distributed
     from posenc_bench.bench.config import load_config
-    from posenc_bench.analysis.report import results_markdown, write_tables
+    from posenc_bench.analysis.report import plateau_rows, results_markdown, write_tables
     from posenc_bench.bench.runtime import Runtime
     from posenc_bench.bench.sweep import Sweep, train_worker
     from posenc_bench.bench.shard import parse_shard, shard_file
@@ -138,6 +138,11 @@ def cmd(args: argparse.Namespace) -> int:
         write_tables(cfg.out, data)
     print()
     print(results_markdown(data).rstrip())
+    flat = plateau_rows(data["records"])
+    if flat:
+        print(f"\nnote: {', '.join(flat)} did not learn to use context (1x loss late in the window not "
+              "below the first positions): their extrapolation numbers say little about the encoding; a bigger "
+              "or longer-trained model (--steps, --set model.d_model=...) gets them off the plateau")
     if shard is not None:
         print(f"\nwrote {cfg.out}/{shard_file(*shard)}; when every shard is done: posenc-bench merge {cfg.out} --out <folder>")
     else:

@@ -3,8 +3,10 @@ refuse incomparable or unreadable baselines (exit 2)."""
 
 import copy
 import json
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from posenc_bench.commands.cli import main
@@ -72,7 +74,8 @@ def test_a_better_baseline_fails_naming_encoding_length_and_metric(tmp_path, cap
     assert "rope ratio at 2x (200) +11.11% > allowed +2.00%" in err
     md = (tmp_path / "gate" / "gate.md").read_text()
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in md.splitlines() if line.startswith("| rope")]
-    assert ["rope", "2x (200)", "ratio", "1.3500", "1.5000", "+11.11%", "+2.00%", "**REGRESSED**", ""] in rows
+    assert ["rope", "2x (200)", "ratio", "1.3500", "1.5000", "+11.11%", "", "+2.00%", "tolerance", "**REGRESSED**",
+            ""] in rows
 
 
 def test_tolerances_ratio_and_per_encoding(tmp_path, capsys):
@@ -98,9 +101,42 @@ def test_seed_spread_widens_the_tolerance_and_says_so(tmp_path, capsys):
     allowed = 3 * 0.05 * (2 / 3) ** 0.5  # 3 sigma of the difference of two 3-seed means: 12.2%
     assert run_gate(tmp_path, results(base, (0, 1, 2)), results(scaled(base, 1.08), (0, 1, 2))) == 0
     out = capsys.readouterr().out
-    assert f"+{allowed:.2%} (seeds)" in out and "allow more than the tolerance because of the baseline's seed spread" in out
+    assert f"+{allowed:.2%} | seed spread" in out and "allow more than the tolerance because of the baseline's seed spread" in out
     assert run_gate(tmp_path, results(base, (0, 1, 2)), results(scaled(base, 1.2), (0, 1, 2))) == 1
     assert f"rope ppl at 1x (100) +20.00% > allowed +{allowed:.2%}" in capsys.readouterr().err
+
+
+def urec(enc, seed, L, unit_nll, tokens=100):
+    """A record with per-unit numbers (units of ``tokens`` targets) and the ppl they give."""
+    r = rec(enc, seed, L, math.exp(sum(unit_nll) / (tokens * len(unit_nll))))
+    r["units"] = {"size": 200, "nll": list(unit_nll), "tokens": [tokens] * len(unit_nll), "bytes": [tokens] * len(unit_nll)}
+    return r
+
+
+def test_with_per_unit_numbers_a_change_fails_only_beyond_tolerance_and_its_interval(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    seeds = (0, 1, 2)
+    text = rng.gamma(100, 1.5 / 100 * 100, size=60)  # 60 units of 100 targets, mean NLL 1.5
+
+    def run(shift_1x, shift_2x, seed_spread=0.0):
+        return results([urec("rope", s, L, text * (1 + shift) + 100 * seed_spread * (s - 1) * k)
+                        for s in seeds for L, shift, k in ((100, shift_1x, 1), (200, shift_2x, -1))], seeds)
+
+    base = run(0.0, 0.1)
+    assert run_gate(tmp_path, base, base) == 0  # the same numbers: a zero-width interval, the tolerance decides
+    out = capsys.readouterr().out
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.splitlines() if line.startswith("| rope")]
+    assert ["rope", "2x (200)", "ratio", "1.1617", "1.1617", "+0.00%", "[+0.00%, +0.00%]", "+2.00%", "tolerance",
+            "ok", ""] in rows
+    # 4% worse at 2x on every unit: beyond the 2% tolerance and far outside the paired interval: fails
+    assert run_gate(tmp_path, base, run(0.0, 0.1 + 0.04 / 1.5)) == 1
+    assert "rope ppl at 2x (200)" in capsys.readouterr().err
+    # seeds that disagree by a lot: the same 4% (mean over seeds) is within the interval of the change: passes
+    noisy_base, noisy_cur = run(0.0, 0.1, 0.08), run(0.0, 0.1 + 0.04 / 1.5, 0.08)
+    noisy_cur["records"] = [dict(r, seed=(r["seed"] + 1) % 3) for r in noisy_cur["records"]]  # seeds reshuffled
+    assert run_gate(tmp_path, noisy_base, noisy_cur) == 0
+    out = capsys.readouterr().out
+    assert "interval" in out and "because the interval of the change is wider" in out
 
 
 def test_missing_new_and_status_changes(tmp_path, capsys):

@@ -223,3 +223,113 @@ def test_caption_names_every_commit_when_rows_were_added_later():
     text = report.caption(run_meta(["rope", "learned"]), recs)
     assert text.endswith(f"commits {'a' * 12} (rope); {'b' * 12}-dirty (learned).")
     assert report.caption(run_meta(["rope"]), RECORDS[:4]).endswith("commit 0123456789ab.")  # records without commits
+
+
+# ------------------------------------------------------------------ intervals in the tables
+
+
+def urec(enc, seed, L, unit_nll, key=None, tokens=50, by_pos=None):
+    """A record with per-unit numbers (as bench/evaluate writes them) and the ppl they give."""
+    import math
+
+    r = rec(enc, seed, L, math.exp(sum(unit_nll) / (tokens * len(unit_nll))))
+    r.update(cell_key=key or f"{enc}-{seed}", bpb=None,
+             units={"size": 200, "nll": list(unit_nll), "tokens": [tokens] * len(unit_nll),
+                    "bytes": [tokens] * len(unit_nll)})
+    if by_pos is not None:
+        r["loss_by_position"] = [{"start": 0, "end": 8, "loss": by_pos[0], "tokens": 5},
+                                 {"start": 50, "end": 100, "loss": by_pos[1], "tokens": 5}]
+    return r
+
+
+def unit_results(seeds=(0,), n=40):
+    """rope and rope-ntk evaluate the same model (one cell key); alibi is another model; nope does not use context."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    text = rng.gamma(50, 1.5, size=n)  # unit NLL sums: 50 targets each, mean NLL 1.5
+    recs = []
+    for s in seeds:
+        shift = 0.0 if len(seeds) == 1 else 1.0 * (s - 1)
+        recs += [urec("rope", s, 100, text + shift, key=f"m{s}", by_pos=(2.0, 1.6)),
+                 urec("rope", s, 200, text * 1.3 + shift, key=f"m{s}"),
+                 urec("rope-ntk", s, 100, text + shift, key=f"m{s}"),
+                 urec("rope-ntk", s, 200, text * 1.1 + shift, key=f"m{s}"),
+                 urec("alibi", s, 100, text * 1.001 - shift, by_pos=(2.0, 1.7)),  # another model: its own seed luck
+                 urec("alibi", s, 200, text * 1.0005 - shift),
+                 urec("nope", s, 100, text * 1.5 + shift, by_pos=(2.2, 2.19)),
+                 urec("nope", s, 200, text * 1.6 + shift)]
+    return {"schema_version": 1, "run": run_meta(["rope", "rope-ntk", "alibi", "nope"], seeds=seeds), "records": recs}
+
+
+def test_cells_carry_intervals_and_bold_needs_significance():
+    run = report.Run("", "", unit_results())
+    iv = report.run_intervals([run])
+    t = report.build_table([run], "ppl", intervals=iv)
+    rope = t.cells["rope", 1]
+    assert rope.lo < rope.mean < rope.hi
+    assert report.cell_text(rope, 2) == f"{rope.mean:.2f} [{rope.lo:.2f}, {rope.hi:.2f}]"
+    # 1x: rope and rope-ntk are the same model and the same numbers: tied, so the best is not bold; alibi is
+    # another model with one seed: text-only, neither tied nor significant
+    assert not t.cells["rope", 0].best and t.cells["rope-ntk", 0].tied
+    assert t.cells["alibi", 0].significant is None and not t.cells["alibi", 0].tied
+    assert report.cell_text(t.cells["rope-ntk", 0], 2).startswith("≈")
+    # 2x: alibi is best, but rope-ntk and rope are other models compared on one seed: no claim, no bold
+    assert not t.cells["alibi", 1].best and t.cells["rope-ntk", 1].significant is None
+    # the ratio to 1x of one row is paired across lengths: 1.00 at 1x by definition, shown without interval
+    ratio = report.build_table([run], "ratio", intervals=iv)
+    assert report.cell_text(ratio.cells["rope", 0], 2) == "1.00"
+    # the same units at both lengths: alibi's 0.05% drop (x1.0005 against x1.001 of every unit) is resolved
+    assert ratio.cells["rope", 1].lo > 1 and ratio.cells["alibi", 1].hi < 1
+
+
+def test_three_seeds_allow_significance_between_models():
+    run = report.Run("", "", unit_results(seeds=(0, 1, 2)))
+    t = report.build_table([run], "ppl", intervals=report.run_intervals([run]))
+    # 2x: alibi (x1.0005) is far below rope-ntk (x1.1), rope (x1.3) and nope (x1.6) on every unit and seed
+    assert t.cells["alibi", 1].best and t.cells["alibi", 1].significant
+    assert all(t.cells[r, 1].significant for r in ("rope", "rope-ntk", "nope"))
+    # 1x: alibi (x1.001) against rope (x1): the seeds' spread dwarfs it: tied
+    assert t.cells["alibi", 0].tied and not t.cells["rope", 0].best
+
+
+def test_compare_table_and_its_marks(tmp_path, capsys):
+    folder = write(tmp_path / "run", unit_results())
+    assert main(["report", str(folder), "--compare", "rope", "--value", "ppl"]) == 0
+    out = capsys.readouterr().out
+    assert "Perplexity relative to rope at the same length (paired); *: the interval excludes 1" in out
+    lines = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
+    assert " 1.000 |" in lines["rope"] and " 1.000 |" in lines["rope-ntk"]
+    ntk = report.compare_table([report.Run("", "", unit_results())], "rope",
+                               report.run_intervals([report.Run("", "", unit_results())]))
+    c = ntk.cells["rope-ntk", 1]  # the same model: a paired comparison with one seed, 1.1 / 1.3 of the NLL
+    assert c.significant is True and c.hi < 1 and c.note == ""
+    assert ntk.cells["alibi", 1].note == "†" and ntk.cells["alibi", 1].significant is None
+    assert "† text-only interval" in out
+    assert main(["report", str(folder), "--compare", "t5"]) == 2
+    assert "--compare 't5': no such row in the results; rows: rope, rope-ntk, alibi, nope" in capsys.readouterr().err
+    assert main(["report", str(folder), "--ci", "95"]) == 2
+    assert "--ci 95: the level must be between 0 and 1" in capsys.readouterr().err
+
+
+def test_plateau_flag_and_few_windows_and_csv_columns(tmp_path, capsys):
+    folder = write(tmp_path / "run", unit_results(n=20))
+    assert main(["report", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "| nope [1]" in out and "[1] uses only local context" in out  # 2.20 -> 2.19 nats is not 0.05 below
+    assert "| rope " in out and "| rope [" not in out
+    assert "2x (200): only 20 independent windows of 200 tokens" in out  # 20 units of 200 targets
+    assert main(["report", str(folder), "--format", "csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    rope = next(r for r in rows if r["encoding"] == "rope" and r["value"] == "ppl" and r["eval_len"] == "200")
+    assert float(rope["lo"]) < float(rope["mean"]) < float(rope["hi"])
+    assert {r["plateau"] for r in rows if r["encoding"] == "nope"} == {"True"}
+    assert main(["report", str(folder), "--format", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["runs"][0]["intervals"].startswith("intervals: 95%, paired bootstrap over 20 units of 200 targets")
+
+
+def test_old_results_without_units_report_and_say_so_once():
+    text = report.render([report.Run("", "", results())])
+    assert text.count("Intervals: not available (these results predate per-unit numbers; rerun to get them).") == 1
+    assert "[" not in text.split("\n\n", 1)[1].replace("[1]", "").replace("[2]", "")  # no interval in any cell

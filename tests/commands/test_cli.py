@@ -159,7 +159,9 @@ def test_list_and_console_script_exit_codes():
 def test_fresh_starts_over_in_the_same_folder(tmp_path, capsys):
     assert run(tmp_path, "--encodings", "nope") == 0
     assert run(tmp_path, "--encodings", "nope", "--steps", "9") == 2
+    (tmp_path / "out" / "README.md").write_text("notes on this run")  # a user's file in the folder
     assert run(tmp_path, "--encodings", "nope", "--steps", "9", "--fresh") == 0
+    assert (tmp_path / "out" / "README.md").read_text() == "notes on this run"  # --fresh removes only run outputs
     data = json.loads((tmp_path / "out" / "results.json").read_text())
     assert data["run"]["config"]["train"]["steps"] == 9
     assert {r["config"]["train"]["steps"] for r in data["records"]} == {9}
@@ -367,3 +369,19 @@ def test_building_the_parser_imports_neither_torch_nor_the_library():
             "'posenc_bench.hf', 'posenc_bench.encodings', 'posenc_bench.analysis'))))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0 and res.stdout.strip() == "[]", res.stdout + res.stderr
+
+
+def test_records_carry_units_and_the_table_flags_models_on_the_plateau(finished):
+    """Every measured record keeps its per-unit sums (units of the longest eval length, the same for every row
+    and length), and an 8-step model that has not learned to use context is flagged in table.md."""
+    data = json.loads((finished / "results.json").read_text())
+    ok = [r for r in data["records"] if r["status"] == "ok"]
+    S = data["run"]["segment_len"]
+    for r in ok:
+        u = r["units"]
+        assert u["size"] == 128 and len(u["nll"]) == data["run"]["eval_tokens"] // S * -(-S // 128)
+        assert sum(u["tokens"]) == r["tokens"] and sum(u["bytes"]) == r["bytes"]
+        assert sum(u["nll"]) == pytest.approx(r["loss"] * r["tokens"], rel=1e-9)
+    assert len({tuple(r["units"]["tokens"]) for r in ok}) == 1
+    table = (finished / "table.md").read_text()
+    assert "uses only local context" in table and "Intervals: 95%, paired bootstrap over" in table
