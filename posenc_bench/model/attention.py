@@ -16,6 +16,21 @@ from posenc_bench import encodings
 from posenc_bench.model import distance_bias
 
 
+def query_chunks(T: int, size: int, window: Optional[int], block: Optional[int]) -> list[tuple[int, int, int]]:
+    """(qs, qe, ks) per chunk of at most ``size`` queries; with blocks, no chunk crosses a block boundary and
+    its keys start at the previous block (or the window, whichever is later)."""
+    chunks = []
+    step = size if block is None else min(size, block)
+    starts = range(0, T, step) if block is None else [s for b in range(0, T, block) for s in range(b, min(T, b + block), step)]
+    for qs in starts:
+        qe = min(T, qs + step, T if block is None else (qs // block + 1) * block)
+        ks = 0 if window is None else max(0, qs - window + 1)
+        if block is not None:
+            ks = max(ks, (qs // block - 1) * block)
+        chunks.append((qs, qe, ks))
+    return chunks
+
+
 class AttentionPlan:
     """How one forward pass at length T runs attention: query chunks and their masks, shared by all layers.
 
@@ -81,7 +96,7 @@ class AttentionPlan:
                 size = min(size, self.FOLD_ROWS)
             elif self.distance_bias is not None:
                 size = min(size, self.BIAS_ROWS)  # keys [0, qe) per chunk: skips most of the masked upper half
-            self.chunks = self._chunks(T, size, window, self.block)
+            self.chunks = query_chunks(T, size, window, self.block)
         # chunks that need no mask: SDPA's own causal mask is exact for a square chunk from position 0
         self.causal = [not explicit_bias and window is None and not self.logits and qs == 0 and ks == 0
                        for qs, _, ks in self.chunks]
@@ -90,21 +105,6 @@ class AttentionPlan:
         self._keep_masks = mask_bytes <= max_mask_bytes
         self._masks: dict[int, torch.Tensor] = {}
         self._factors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    @staticmethod
-    def _chunks(T: int, size: int, window: Optional[int], block: Optional[int]) -> list[tuple[int, int, int]]:
-        """(qs, qe, ks) per chunk of at most ``size`` queries; with blocks, no chunk crosses a block boundary and
-        its keys start at the previous block (or the window, whichever is later)."""
-        chunks = []
-        step = size if block is None else min(size, block)
-        starts = range(0, T, step) if block is None else [s for b in range(0, T, block) for s in range(b, min(T, b + block), step)]
-        for qs in starts:
-            qe = min(T, qs + step, T if block is None else (qs // block + 1) * block)
-            ks = 0 if window is None else max(0, qs - window + 1)
-            if block is not None:
-                ks = max(ks, (qs // block - 1) * block)
-            chunks.append((qs, qe, ks))
-        return chunks
 
     def chunk_positions(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions of chunk i's queries and keys: (q,), (k,) or (B, q), (B, k)."""
