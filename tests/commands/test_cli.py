@@ -212,9 +212,13 @@ def test_interrupted_training_continues_from_its_last_save(tmp_path, capsys, mon
 @pytest.mark.parametrize("value,expected", [
     ("rope,alibi,-learned", ["rope", "alibi"]),
     ("-learned,-rope-linear", ["sinusoidal", "t5", "rope", "alibi", "nope"]),
-    ("all,-nope,-rope-ft", ["sinusoidal", "learned", "rope", "rope-linear", "rope-ntk", "rope-dynamic", "rope-yarn",
-                            "rope-llama3", "rope-linear-ft", "rope-ntk-ft", "rope-dynamic-ft", "rope-yarn-ft",
-                            "rope-llama3-ft", "t5", "alibi"]),
+    ("all,-nope,-rope-ft", ["sinusoidal", "learned", "rope", "rope-partial", "xpos", "xpos+bca", "rope-linear",
+                            "rope-ntk", "rope-dynamic", "rope-yarn", "rope-llama3", "rope-linear-ft", "rope-ntk-ft",
+                            "rope-dynamic-ft", "rope-yarn-ft", "rope-llama3-ft", "t5", "alibi", "kerple",
+                            "kerple-power", "fire", "cope", "sinusoidal+rand", "learned+rand", "rope+rand",
+                            "rope-partial+rand", "xpos+rand", "alibi+rand", "kerple+rand", "kerple-power+rand",
+                            "fire+rand"]),
+    ("xpos+bca,learned+rand+sw8", ["xpos+bca", "learned+rand+sw8"]),
     ("rope+sw16,alibi", ["rope+sw16", "alibi"]),
 ])
 def test_encodings_flag(value, expected):
