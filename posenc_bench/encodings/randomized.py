@@ -130,8 +130,13 @@ def randomized_row(base: type[Encoding]) -> type[Randomized]:
 def _wrappable() -> list[type[Encoding]]:
     for family in encodings._FAMILIES[:encodings._FAMILIES.index("randomized")]:
         importlib.import_module(f"posenc_bench.encodings.{family}")
-    return [cls for cls in list(REGISTRY.values())
-            if cls.batched_positions and cls.trained_as is None and not issubclass(cls, Randomized)]
+    names = list(REGISTRY)
+    bases = [cls for cls in REGISTRY.values()
+             if cls.batched_positions and cls.trained_as is None and not issubclass(cls, Randomized)]
+    # in the listing's order (family file, then registration in it), whichever family was imported first
+    family = lambda cls: cls.__module__.rsplit(".", 1)[-1]  # noqa: E731
+    return sorted(bases, key=lambda cls: (encodings._FAMILIES.index(family(cls)) if family(cls) in encodings._FAMILIES
+                                          else len(encodings._FAMILIES), names.index(cls.name)))
 
 
 for _base in _wrappable():

@@ -134,7 +134,7 @@ def test_listing_order_does_not_depend_on_import_order():
     import subprocess
     import sys
 
-    code = ("import posenc_bench.encodings.alibi, posenc_bench.encodings.nope; "
+    code = ("import posenc_bench.encodings.alibi, posenc_bench.encodings.rope, posenc_bench.encodings.nope; "
             "from posenc_bench import encodings; print(','.join(encodings.available()))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == ",".join(NAMES) == (
