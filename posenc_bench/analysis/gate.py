@@ -163,8 +163,10 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
     return m, s
 
 
-def _check(enc: str, L: int, T: int, metric: str, b: list[float], c: list[float], tol: float, sigmas: float,
+def _check(enc: str, L: int, T: int, metric: str, b: list[float], c: list[float], limits: tuple[float, float],
            paired: Optional[Intervals] = None) -> Check:
+    """One metric of one cell: ``limits`` (tolerance, sigmas); ``paired`` the bootstrap of both runs, if any."""
+    tol, sigmas = limits
     bm, bs = _mean_std(b)
     cm, _ = _mean_std(c)
     change = cm / bm - 1
@@ -223,9 +225,9 @@ def compare(baseline: dict, current: dict, tolerances: dict[str, Tolerance], def
                     checks.append(Check(enc, L, train_len, "-", verdict="improved",
                                         detail=f"{b.status} in the baseline, {c.status} now"))
                 continue
-            checks.append(_check(enc, L, train_len, "ppl", b.ppl, c.ppl, tol.ppl_tol, tol.sigmas, paired))
+            checks.append(_check(enc, L, train_len, "ppl", b.ppl, c.ppl, (tol.ppl_tol, tol.sigmas), paired))
             if L != train_len and b.ratio and c.ratio:
-                checks.append(_check(enc, L, train_len, "ratio", b.ratio, c.ratio, tol.ratio_tol, tol.sigmas, paired))
+                checks.append(_check(enc, L, train_len, "ratio", b.ratio, c.ratio, (tol.ratio_tol, tol.sigmas), paired))
     for enc in c_rows:
         if enc not in b_rows:
             checks.append(Check(enc, 0, train_len, "-", verdict="new",

@@ -164,13 +164,17 @@ def row_name(name: str, window: Optional[int]) -> str:
 
 
 def parse_row(spec: str) -> tuple[str, Optional[int]]:
-    """'alibi' -> ('alibi', None); 'rope+sw64' -> ('rope', 64). Validates the encoding name."""
-    name, sep, rest = spec.partition("+")
-    window = None
-    if sep:
-        if not rest.startswith("sw") or not rest[2:].isdigit() or int(rest[2:]) < 1:
+    """'alibi' -> ('alibi', None); 'rope+sw64' -> ('rope', 64); 'rope+rand+sw64' -> ('rope+rand', 64): a
+    trailing +sw<W> is the window, the rest the encoding name (names may hold a '+'). Validates the name."""
+    name, window = spec, None
+    head, sep, rest = spec.rpartition("+")
+    if sep and rest.startswith("sw"):
+        if not rest[2:].isdigit() or int(rest[2:]) < 1:
             raise ConfigError(f"bad encoding row {spec!r}: expected <encoding> or <encoding>+sw<window>, e.g. rope+sw64")
-        window = int(rest[2:])
+        name, window = head, int(rest[2:])
+    elif sep and name not in encodings.available():
+        if head in encodings.available():  # a known encoding with an unknown suffix: name the row grammar
+            raise ConfigError(f"bad encoding row {spec!r}: expected <encoding> or <encoding>+sw<window>, e.g. rope+sw64")
     encodings.get_class(name)
     return name, window
 

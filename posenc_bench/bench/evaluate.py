@@ -89,6 +89,26 @@ class Scoring:
     unit: Optional[int] = None
 
 
+class _Units:
+    """Per-unit sums of one evaluation: NLL, targets and bytes of each block of ``size`` consecutive targets
+    of each segment (the module docstring's point 5)."""
+
+    def __init__(self, n_segments: int, targets: int, size: int) -> None:
+        self.size = size
+        shape = (n_segments, -(-targets // size))  # (segments, units per segment)
+        self.nll, self.tokens, self.bytes = (torch.zeros(shape, dtype=torch.float64) for _ in range(3))
+
+    def add(self, rows: slice, unit_of: torch.Tensor, nll: torch.Tensor, nbytes: torch.Tensor) -> None:
+        """nll, nbytes (b, cols) of segments ``rows``; unit_of (cols,) each column's unit."""
+        self.nll[rows].index_add_(1, unit_of, nll)
+        self.tokens[rows].index_add_(1, unit_of, torch.ones_like(nll))
+        self.bytes[rows].index_add_(1, unit_of, nbytes.double())
+
+    def as_dict(self) -> dict:
+        return {"size": self.size, "nll": self.nll.flatten().tolist(), "tokens": self.tokens.flatten().int().tolist(),
+                "bytes": self.bytes.flatten().int().tolist()}
+
+
 @torch.inference_mode()
 def evaluate_length(
     forward: Optional[Callable[[torch.Tensor], torch.Tensor]],
@@ -106,15 +126,12 @@ def evaluate_length(
     ``nll_fn(inputs, targets) -> (b, l)`` replaces ``forward`` for models that compute the loss themselves
     (e.g. ``hf.py``'s chunked LM head). ``token_bytes`` (same shape as ``segments``) gives the bytes of text
     behind each token, for tokenizers other than ours (default: 1 per byte token, 0 for BOS).
-
     ``scoring.stride``: the strided protocol (see ``windows``); None is the default non-overlapping protocol.
-
     Returns loss (mean NLL, nats), ppl, bpb, tokens, bytes, loss_by_position (``scoring.buckets`` equal spans
     of window positions over [0, bucket_span) (default: length), each with its mean loss and token count) and
     units (see the module docstring: the unit size and, per unit, its NLL sum, targets and bytes).
     """
-    if nll_fn is None:
-        nll_fn = logits_nll(forward)
+    nll_fn = nll_fn or logits_nll(forward)
     buckets, stride = scoring.buckets, scoring.stride
     span = scoring.bucket_span or length
     width = -(-span // buckets)
@@ -123,12 +140,7 @@ def evaluate_length(
     pos_count = torch.zeros(buckets, dtype=torch.float64)
     n_tokens = 0
     n_bytes = 0
-    S = segments.shape[1] - 1
-    unit = scoring.unit or span
-    per_segment = -(-S // unit)
-    unit_nll = torch.zeros(segments.shape[0], per_segment, dtype=torch.float64)  # (segments, units per segment)
-    unit_tokens = torch.zeros(segments.shape[0], per_segment, dtype=torch.float64)
-    unit_bytes = torch.zeros(segments.shape[0], per_segment, dtype=torch.float64)
+    units = _Units(segments.shape[0], segments.shape[1] - 1, scoring.unit or span)
     scored = 0  # targets of each segment scored so far: windows come in order and score each target once
     t0 = time.perf_counter()
     parts = windows(segments, length, stride)
@@ -139,7 +151,7 @@ def evaluate_length(
         for (inputs, targets, first), byte_part in zip(parts, byte_parts):
             l = inputs.shape[1]
             bucket_of = (torch.arange(first, l) // width).clamp(max=buckets - 1)  # (scored columns,)
-            unit_of = (scored + torch.arange(l - first)) // unit  # (scored columns,) unit within the segment
+            unit_of = (scored + torch.arange(l - first)) // units.size  # (scored columns,) unit within the segment
             for i in range(0, inputs.shape[0], rows_per_batch):
                 x = inputs[i : i + rows_per_batch].to(device)
                 y = targets[i : i + rows_per_batch]
@@ -149,9 +161,7 @@ def evaluate_length(
                 pos_sum.index_add_(0, bucket_of, nll.sum(0))
                 pos_count.index_add_(0, bucket_of, torch.full((l - first,), float(y.shape[0]), dtype=torch.float64))
                 b = (y < 256) if byte_part is None else byte_part[1][i : i + rows_per_batch, first:]  # (b, cols)
-                unit_nll[i : i + y.shape[0]].index_add_(1, unit_of, nll)
-                unit_tokens[i : i + y.shape[0]].index_add_(1, unit_of, torch.ones_like(nll))
-                unit_bytes[i : i + y.shape[0]].index_add_(1, unit_of, b.double())
+                units.add(slice(i, i + y.shape[0]), unit_of, nll, b)
                 n_tokens += y.numel()
                 n_bytes += (count_bytes(y) if byte_part is None else int(b.sum()))
                 bar.update(1)
@@ -176,8 +186,7 @@ def evaluate_length(
         "tokens": n_tokens,
         "bytes": n_bytes,
         "loss_by_position": by_pos,
-        "units": {"size": unit, "nll": unit_nll.flatten().tolist(), "tokens": unit_tokens.flatten().int().tolist(),
-                  "bytes": unit_bytes.flatten().int().tolist()},
+        "units": units.as_dict(),
         "eval_time_s": time.perf_counter() - t0,
     }
 

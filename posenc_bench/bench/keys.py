@@ -28,7 +28,8 @@ def cell_key(cfg: RunConfig, trained_encoding: str, window: Optional[int], seed:
 
     Includes the corpus fingerprint (the documents themselves, not just the source name), the precision and
     the package version, so changed data or code never silently reuses an old checkpoint. Of the encoding
-    options only the trained encoding's own: changing ``t5.num_buckets`` retrains t5, not rope.
+    options only the trained encoding's own: changing ``t5.num_buckets`` retrains t5, not rope; plus what the
+    encoding resolves from them (``Encoding.key_options``, e.g. ``learned+rand``'s default position range).
     """
     from posenc_bench import __version__
 
@@ -45,6 +46,10 @@ def cell_key(cfg: RunConfig, trained_encoding: str, window: Optional[int], seed:
         "precision": cfg.precision,
         "version": __version__,
     }
+    resolved = encodings.get_class(trained_encoding).key_options(
+        cfg.train.train_len, cfg.model.encoding_options.get(trained_encoding, {}))
+    if resolved:  # e.g. +rand's position range; absent for every other encoding, whose keys stay as they were
+        ident["resolved_options"] = resolved
     return _hash(ident)
 
 

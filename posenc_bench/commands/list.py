@@ -1,4 +1,4 @@
-"""posenc-bench list: registered encodings, one line each."""
+"""posenc-bench list: registered encodings, one line each: name, family, summary, paper."""
 
 from __future__ import annotations
 
@@ -15,10 +15,12 @@ def cmd(args: argparse.Namespace) -> int:
     names = encodings.available()
     window_row = "<name>+sw<W>"
     width = max(map(len, names + [window_row]))
+    family_width = max(len(encodings.get_class(n).family) for n in names)
     for name in names:
         cls = encodings.get_class(name)
         verb = "fine-tunes, then evaluates," if cls.finetuned else "evaluates"
         extra = f" [{verb} the trained {cls.trained_as!r} model]" if cls.trained_as else ""
-        print(f"{name:<{width}}  {cls.summary}{extra}")
-    print(f"{window_row:<{width}}  any of the above with sliding-window attention over the last W tokens")
+        print(f"{name:<{width}}  {cls.family:<{family_width}}  {cls.summary}{extra} -- {cls.paper}")
+    print(f"{window_row:<{width}}  {'':<{family_width}}  any of the above with sliding-window attention over the "
+          "last W tokens")
     return 0

@@ -1,8 +1,9 @@
 """The encoding registry.
 
 Every encoding family lives in one file of this package and registers each of its encodings with
-``@register("name")``. The model only ever calls the three hooks of :class:`Encoding`
-(``embed``, ``rotate``, ``bias``) plus ``set_eval_length``; it never looks at an encoding's name.
+``@register("name")``. The model only ever calls the hooks of :class:`Encoding` (``positions``, ``embed``,
+``rotate``, ``bias`` and the optional ones its capability flags announce) plus ``set_eval_length``; it never
+looks at an encoding's name.
 """
 
 from __future__ import annotations
@@ -19,22 +20,42 @@ from posenc_bench.errors import ConfigError, UnknownEncodingError
 REGISTRY: dict[str, type["Encoding"]] = {}
 
 # The family modules; importing them fills REGISTRY. Adding a family adds one name here.
-_FAMILIES = ("absolute", "rope", "rope_scaling", "t5", "alibi", "nope")
+_FAMILIES = ("absolute", "rope", "partial_rope", "xpos", "rope_scaling", "t5", "alibi", "kerple", "fire", "cope",
+             "nope", "randomized")  # randomized last: it wraps the encodings registered before it
 
 
 class Encoding(nn.Module):
-    """A positional encoding: three hooks the model calls, all defaulting to "do nothing".
+    """A positional encoding: hooks the model calls, all defaulting to "do nothing".
 
-    - ``embed(x, pos)``: x (B, T, C) token embeddings, pos (T,) positions -> (B, T, C).
+    - ``positions(batch, length, device)``: the positions of a window: (T,) 0 .. T-1 by default; an encoding
+      may return (B, T) positions per sequence (``+rand`` does in training), then every hook gets those.
+    - ``embed(x, pos)``: x (B, T, C) token embeddings, pos (T,) or (B, T) positions -> (B, T, C).
     - ``rotate(q, k, pos)``: q, k (B, H, T, D) -> rotated q, k.
-    - ``bias(q_pos, k_pos)``: additive attention logits (1, H, Tq, Tk), or None.
+    - ``bias(q_pos, k_pos)``: additive attention logits (1 or B, H, Tq, Tk), or None.
     - optionally ``bias_factors(q_pos, k_pos)``: the same bias as a low-rank product (see there).
+    - optionally ``attention_logits(q, k, q_pos, k_pos, mask, scale)`` (``has_attention_logits``): the whole
+      pre-softmax logits of one query chunk, for an encoding whose logits are not q . k plus a bias that reads
+      positions only (CoPE reads q . k itself; ReRoPE and Self-Extend combine two rotations by distance).
+    - optionally ``attention_block(length)``: blockwise causal attention (each query sees its own block of
+      that many tokens and the previous one), or None.
 
-    Positions count from 0 at the first token of every window.
+    Positions count from 0 at the first token of every window. Hooks that take (B, T) positions declare
+    ``batched_positions``; with the plain (T,) arange every encoding keeps its fast path.
+
+    The logits hook is the one extension point for attention that is not "q . k + bias(positions)": the model
+    runs it per query chunk (keys [ks, qe) of the chunk, ``mask`` the chunk's additive (1 or B, H or 1, q, k)
+    mask: -inf outside the causal/window/block set, plus ``bias`` where the encoding has one) and applies
+    softmax to what it returns, so memory stays bounded by the chunk size at any length. Encodings without it
+    never leave their fused, folded or distance-bias paths.
     """
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
+    # The group a row belongs to in tables and figures: "classic absolute", "relative bias", "rotary",
+    # "rotary scaling (zero-shot)", "rotary scaling (fine-tuned)", "contextual", "randomized positions", "none".
+    family: ClassVar[str] = ""
+    # The paper (or post) it comes from, short: authors, year, venue or arXiv id.
+    paper: ClassVar[str] = ""
     # An eval-only variant names the trained encoding whose checkpoint it reuses (e.g. rope-linear -> rope).
     trained_as: ClassVar[Optional[str]] = None
     # A fine-tuned variant (e.g. rope-linear-ft): the runner first continues training the trained_as checkpoint
@@ -49,6 +70,12 @@ class Encoding(nn.Module):
     # True when distance_bias() returns r (H, W + 1) with bias(i, j) = r[h, min(i - j, W)]: training then keeps
     # SDPA's flash kernel and computes r's gradient on a band of W diagonals (posenc_bench/distance_bias.py).
     has_distance_bias: ClassVar[bool] = False
+    # True when attention_logits() computes a chunk's whole pre-softmax logits (the model then runs attention
+    # explicitly, chunk by chunk, instead of through SDPA).
+    has_attention_logits: ClassVar[bool] = False
+    # True when every position-reading hook accepts (B, T) positions (one row per sequence): the encodings
+    # ``+rand`` can wrap.
+    batched_positions: ClassVar[bool] = False
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int) -> None:
         super().__init__()
@@ -62,6 +89,16 @@ class Encoding(nn.Module):
 
     def set_train_length(self, length: int) -> None:
         """Called before fine-tuning (and evaluating) a fine-tuned variant tuned at ``length`` tokens."""
+
+    @classmethod
+    def key_options(cls, train_len: int, options: dict) -> dict:
+        """Resolved options that determine the trained weights beyond the configured ones (e.g. ``+rand``'s
+        position range, a multiple of the train length by default): part of the cell key when not empty."""
+        return {}
+
+    def positions(self, batch: int, length: int, device: torch.device) -> torch.Tensor:
+        """The positions of a window of ``length`` tokens: (T,) 0 .. T-1, or (B, T) positions per sequence."""
+        return torch.arange(length, device=device)
 
     def embed(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         return x
@@ -80,6 +117,18 @@ class Encoding(nn.Module):
 
     def distance_bias(self) -> Optional[torch.Tensor]:
         """Optional: r (H, W + 1) such that bias(q_pos, k_pos) = r[h, min(i - j, W)] for every visible key."""
+        return None
+
+    def attention_logits(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
+                         mask: torch.Tensor, scale: float) -> torch.Tensor:
+        """Optional (``has_attention_logits``): the pre-softmax logits (B, H, q, k) of one query chunk, mask
+        included. q (B, H, q, D), k (B, H, k, D) are what ``rotate`` returned (an encoding that rotates per
+        pair, e.g. ReRoPE, returns them unrotated there and rotates here); positions as in ``bias``."""
+        return (q @ k.transpose(-1, -2)).float() * scale + mask
+
+    def attention_block(self, length: int) -> Optional[int]:
+        """Optional: blockwise causal attention for windows of ``length`` tokens: queries in block
+        b = i // n see keys from block b - 1 on (n returned), or None (plain causal attention)."""
         return None
 
 

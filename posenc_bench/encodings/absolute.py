@@ -44,6 +44,9 @@ def rows(table: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
 @register("sinusoidal")
 class Sinusoidal(Encoding):
     summary = "fixed absolute sin/cos added to embeddings; Vaswani et al. 2017"
+    family = "classic absolute"
+    paper = "Vaswani et al., NeurIPS 2017 (arXiv:1706.03762)"
+    batched_positions = True
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int, base: float = 10000.0) -> None:
         super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len)
@@ -57,23 +60,29 @@ class Sinusoidal(Encoding):
         needed = int(pos.max()) + 1
         if self._table.shape[0] < needed or self._table.device != x.device:
             self._table = sinusoidal_table(max(needed, self.train_len), self.d_model, self.base, device=x.device)
-        return x * self.scale + rows(self._table, pos).to(x.dtype)  # (T, C) broadcast over the batch
+        return x * self.scale + rows(self._table, pos).to(x.dtype)  # (T, C) broadcast over the batch, or (B, T, C)
 
 
 @register("learned")
 class Learned(Encoding):
     summary = "trained absolute table of train-length rows (GPT-2 style); n/a past the train length"
+    family = "classic absolute"
+    paper = "Radford et al. 2019 (GPT-2); Devlin et al., NAACL 2019 (arXiv:1810.04805)"
+    batched_positions = True
 
-    def __init__(self, *, d_model: int, n_heads: int, train_len: int, init_std: float = 0.02) -> None:
+    def __init__(self, *, d_model: int, n_heads: int, train_len: int, init_std: float = 0.02,
+                 max_positions: int = 0) -> None:
+        """``max_positions``: rows of the table, 0 = the train length (``learned+rand`` sets its range M)."""
         super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len)
-        self.table = nn.Parameter(torch.randn(train_len, d_model) * init_std)
+        if max_positions < 0:
+            raise ValueError(f"max_positions must be >= 0 (0: the train length), got {max_positions}")
+        self.table = nn.Parameter(torch.randn(max_positions or train_len, d_model) * init_std)
 
     def _check(self, length: int) -> None:
         if length > self.table.shape[0]:
             n = self.table.shape[0]
-            raise PositionOutOfRange(
-                f"learned position table has {n} rows (the train length): no position {n} or later"
-            )
+            what = "the train length" if n == self.train_len else "its position range"
+            raise PositionOutOfRange(f"learned position table has {n} rows ({what}): no position {n} or later")
 
     def set_eval_length(self, length: int) -> None:
         self._check(length)

@@ -36,14 +36,20 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 @register("alibi")
 class ALiBi(Encoding):
     summary = "fixed per-head linear distance penalty on attention logits; Press et al. 2022"
+    family = "relative bias"
+    paper = "Press et al., ICLR 2022 (arXiv:2108.12409)"
     has_bias = True
     has_low_rank_bias = True
+    batched_positions = True
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int) -> None:
         super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len)
         self.slopes = alibi_slopes(n_heads)
 
     def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        if q_pos.dim() == 2:  # per-sequence positions (B, q), (B, k)
+            relative = (k_pos[:, None, :] - q_pos[:, :, None]).to(torch.float32)  # (B, q, k)
+            return self.slopes.to(relative.device)[None, :, None, None] * relative[:, None]  # (B, H, q, k)
         relative = (k_pos[None, :] - q_pos[:, None]).to(torch.float32)  # (Tq, Tk), <= 0 for visible keys
         return (self.slopes.to(relative.device)[:, None, None] * relative).unsqueeze(0)  # (1, H, Tq, Tk)
 
@@ -51,7 +57,14 @@ class ALiBi(Encoding):
         """Within a query row -m * (i - j) is linear in the key position j: it equals m * (j - c) up to the
         per-row constant m * (c - i), which softmax ignores. So the bias is the product of a ones column for
         the queries and m * (j - c) for the keys; c, the middle of the query chunk, keeps the values near the
-        diagonal small, so float32 logits lose no precision."""
+        diagonal small, so float32 logits lose no precision. Per-sequence positions (B, q), (B, k) give key
+        factors (B, H, k, 1), each sequence centred on its own query chunk."""
+        if q_pos.dim() == 2:
+            c = (q_pos[:, :1] + q_pos[:, -1:]) // 2  # (B, 1)
+            slopes = self.slopes.to(device=k_pos.device, dtype=torch.float64)
+            qf = torch.ones(self.n_heads, q_pos.shape[1], 1, dtype=torch.float64, device=q_pos.device)  # (H, q, 1)
+            kf = slopes[None, :, None, None] * (k_pos - c).to(torch.float64)[:, None, :, None]  # (B, H, k, 1)
+            return qf, kf
         c = (int(q_pos[0]) + int(q_pos[-1])) // 2
         slopes = self.slopes.to(device=k_pos.device, dtype=torch.float64)
         qf = torch.ones(self.n_heads, q_pos.shape[0], 1, dtype=torch.float64, device=q_pos.device)  # (H, Tq, 1)

@@ -10,3 +10,5 @@ from posenc_bench.encodings import Encoding, register
 @register("nope")
 class NoPE(Encoding):
     summary = "no position signal (causal mask only); Kazemnejad et al. 2023"
+    family = "none"
+    paper = "Kazemnejad et al., NeurIPS 2023 (arXiv:2305.19466)"

@@ -95,6 +95,9 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 @register("rope")
 class RoPE(Encoding):
     summary = "rotary embeddings on q and k; Su et al. 2021"
+    family = "rotary"
+    paper = "Su et al. 2021, RoFormer (arXiv:2104.09864)"
+    batched_positions = True
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int, theta: float = 10000.0) -> None:
         super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len)
@@ -106,12 +109,25 @@ class RoPE(Encoding):
         self.inv_freq = inv_freq
         self.attention_scale = attention_scale
         self._cache: Optional[tuple[tuple, torch.Tensor, torch.Tensor]] = None
+        self._batched_cache: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
 
-    def rotate(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # Every layer rotates with the same positions: build cos/sin once per (positions, device, dtype).
-        key = (pos.shape[0], int(pos[0]), int(pos[-1]), pos.device, q.dtype)
+    def cos_sin(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (T, D/2) for (T,) positions, (B, 1, T, D/2) for (B, T) ones; cached per positions: every
+        layer rotates with the same ones."""
+        if pos.dim() == 2:  # per-sequence positions (+rand in training): new each forward, cached by identity
+            cached = self._batched_cache
+            if cached is None or cached[0] is not pos or cached[1].dtype != dtype:
+                B, T = pos.shape
+                cos, sin = rope_cos_sin_halves(pos.reshape(-1), self.inv_freq, self.attention_scale)  # (B T, D/2)
+                cos, sin = (t.view(B, 1, T, -1).to(dtype) for t in (cos, sin))  # -> (B, 1, T, D/2)
+                self._batched_cache = cached = (pos, cos, sin)
+            return cached[1], cached[2]
+        key = (pos.shape[0], int(pos[0]), int(pos[-1]), pos.device, dtype)
         if self._cache is None or self._cache[0] != key:
             cos, sin = rope_cos_sin_halves(pos, self.inv_freq, self.attention_scale)
-            self._cache = (key, cos.to(q.dtype), sin.to(q.dtype))
-        _, cos, sin = self._cache  # (T, D/2), broadcast over (B, H)
+            self._cache = (key, cos.to(dtype), sin.to(dtype))
+        return self._cache[1], self._cache[2]
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.cos_sin(pos, q.dtype)  # (T, D/2) or (B, 1, T, D/2), broadcast over (B, H)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)

@@ -170,6 +170,7 @@ class ScaledRoPE(RoPE):
     factor s that ``scale_for`` gives (plain RoPE at s = 1 unless the scaling follows the window length)."""
 
     trained_as: ClassVar[Optional[str]] = "rope"
+    family = "rotary scaling (zero-shot)"
     scaling: ClassVar[Scaling]
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int, theta: float = 10000.0,
@@ -200,6 +201,7 @@ class FineTunedRoPE(ScaledRoPE):
     would silently make the row a different experiment from the one its name and summary describe."""
 
     finetuned = True
+    family = "rotary scaling (fine-tuned)"
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int, theta: float = 10000.0,
                  factor: Optional[float] = None) -> None:
@@ -219,6 +221,7 @@ def _zero_shot_row(entry: Scaling) -> type[ScaledRoPE]:
     class ZeroShot(ScaledRoPE):
         scaling = entry
         summary = entry.summary
+        paper = entry.citation
 
         def __init__(self, *, d_model: int, n_heads: int, train_len: int, theta: float = 10000.0,
                      factor: float = entry.default_factor) -> None:
@@ -235,6 +238,7 @@ def _finetuned_row(entry: Scaling) -> type[FineTunedRoPE]:
     class FineTuned(FineTunedRoPE):
         scaling = entry
         summary = entry.ft_summary
+        paper = entry.citation
 
     return _named(FineTuned, f"RoPE{entry.name.capitalize()}FT")
 
@@ -253,6 +257,8 @@ for _entry in SCALING_TABLE:
 @register("rope-ft")
 class RoPEFT(RoPE):
     summary = "the trained rope model fine-tuned at the fine-tune length without scaling (the -ft rows' control)"
+    family = "rotary scaling (fine-tuned)"
+    paper = "Chen et al. 2023, position interpolation (arXiv:2306.15595): its fine-tuning, without the scaling"
     trained_as = "rope"
     finetuned = True
 

@@ -37,6 +37,8 @@ def _consecutive(pos: torch.Tensor) -> bool:
 @register("t5")
 class T5Bias(Encoding):
     summary = "learned per-head bias on log-spaced relative-distance buckets; Raffel et al. 2020"
+    family = "relative bias"
+    paper = "Raffel et al., JMLR 2020 (arXiv:1910.10683)"
     has_bias = True
     has_distance_bias = True
 

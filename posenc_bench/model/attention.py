@@ -1,7 +1,8 @@
 """How one forward pass runs attention: query chunks, their masks, and the folded or banded bias paths.
 
-The plan is chosen from the encoding's capabilities (``has_bias``, ``has_low_rank_bias``, ``has_distance_bias``),
-never its name, once per forward and shared by all layers (see :class:`AttentionPlan`).
+The plan is chosen from the encoding's capabilities (``has_bias``, ``has_low_rank_bias``, ``has_distance_bias``,
+``has_attention_logits``, ``attention_block``), never its name, once per forward and shared by all layers (see
+:class:`AttentionPlan`).
 """
 
 from __future__ import annotations
@@ -15,10 +16,25 @@ from posenc_bench import encodings
 from posenc_bench.model import distance_bias
 
 
+def query_chunks(T: int, size: int, window: Optional[int], block: Optional[int]) -> list[tuple[int, int, int]]:
+    """(qs, qe, ks) per chunk of at most ``size`` queries; with blocks, no chunk crosses a block boundary and
+    its keys start at the previous block (or the window, whichever is later)."""
+    chunks = []
+    step = size if block is None else min(size, block)
+    starts = range(0, T, step) if block is None else [s for b in range(0, T, block) for s in range(b, min(T, b + block), step)]
+    for qs in starts:
+        qe = min(T, qs + step, T if block is None else (qs // block + 1) * block)
+        ks = 0 if window is None else max(0, qs - window + 1)
+        if block is not None:
+            ks = max(ks, (qs // block - 1) * block)
+        chunks.append((qs, qe, ks))
+    return chunks
+
+
 class AttentionPlan:
     """How one forward pass at length T runs attention: query chunks and their masks, shared by all layers.
 
-    Three ways, chosen from the encoding's capabilities (never its name):
+    Four ways, chosen from the encoding's capabilities (never its name):
     - fused: no bias, no window: one SDPA call on the fused causal path (``is_causal=True``).
     - low-rank bias (``encoding.has_low_rank_bias``, e.g. ALiBi): the bias is folded into extra q/k channels
       (``fold_bias``), so no (Tq, Tk) bias exists and SDPA stays on its fused kernels; queries come in chunks
@@ -28,6 +44,13 @@ class AttentionPlan:
       on CPU a learned distance bias (``encoding.has_distance_bias``, e.g. T5) goes through
       ``distance_bias.distance_bias_attention`` (flash kernel + band gradient) in chunks of ``BIAS_ROWS`` queries,
       from ``BAND_MIN`` x its band width on (shorter sequences are cheaper on SDPA's math path).
+    - logits (``encoding.has_attention_logits``, e.g. CoPE): the mask as above (bias included, if any) goes to
+      ``encoding.attention_logits`` with the chunk's q and k, and the model applies softmax to what it returns
+      (``explicit_attention``); chunks are sized for ``LOGIT_TENSORS`` tensors of (B, H, q, k) floats.
+
+    Positions are (T,) or, from an encoding's ``positions`` hook, (B, T); causality, windows and blocks always
+    count tokens (indices), never positions. ``encoding.attention_block(T)`` (blockwise causal attention)
+    cuts the chunks at block boundaries, each chunk's keys starting one block back.
 
     Chunk i covers queries [qs, qe) and keys [ks, qe). When all chunks' masks together fit in
     ``max_mask_bytes`` they are built once per forward and shared by the layers; otherwise each layer rebuilds
@@ -37,43 +60,56 @@ class AttentionPlan:
     FOLD_ROWS = 256
     BIAS_ROWS = 512  # query chunk of a learned distance bias in training (distance_bias.py)
     BAND_MIN = 4  # ... taken from T >= BAND_MIN x its band width on
+    LOGIT_TENSORS = 8  # (B, H, q, k) float tensors an attention_logits chunk may hold at once (CoPE: ~6)
 
-    def __init__(self, encoding: encodings.Encoding, pos: torch.Tensor, window: Optional[int], max_mask_bytes: int):
+    def __init__(self, encoding: encodings.Encoding, pos: torch.Tensor, window: Optional[int], max_mask_bytes: int,
+                 batch: int = 1):
         self.encoding = encoding
-        self.pos = pos
+        self.pos = pos  # (T,) or (B, T)
         self.window = window
-        T = pos.shape[0]
+        T = pos.shape[-1]
+        # token indices for causality and windows: the positions themselves when they are the plain (T,) ones
+        self.index = pos if pos.dim() == 1 else torch.arange(T, device=pos.device)
+        self.block = encoding.attention_block(T)
+        self.logits = encoding.has_attention_logits
         self.folded = encoding.has_bias and encoding.has_low_rank_bias
         explicit_bias = encoding.has_bias and not self.folded
         # a learned distance bias in training: flash kernel + band gradient instead of SDPA's math path, once
         # the sequence is long enough for that to pay (measured: 0.74x the time at 1024 tokens, 1.55x at 128)
         self.distance_bias = None
-        if explicit_bias and encoding.has_distance_bias and torch.is_grad_enabled() and distance_bias.supported(pos):
+        if (explicit_bias and encoding.has_distance_bias and torch.is_grad_enabled() and pos.dim() == 1
+                and distance_bias.supported(pos) and not self.logits and self.block is None):
             r = encoding.distance_bias()  # (H, W + 1), carries the gradient
             if T >= self.BAND_MIN * (r.shape[1] - 1):
                 self.distance_bias = r
-        self.fused = not encoding.has_bias and window is None
+        self.fused = not encoding.has_bias and window is None and self.block is None and not self.logits
+        mask_batch = pos.shape[0] if pos.dim() == 2 and explicit_bias else 1  # a bias of per-sequence positions
+        mask_heads = encoding.n_heads if explicit_bias else 1
         if self.fused:
             self.chunks = [(0, T, 0)]
         else:
-            row_bytes = 4 * max(1, encoding.n_heads if explicit_bias else 1) * T
+            row_bytes = 4 * max(1, mask_heads) * mask_batch * T
+            if self.logits:
+                row_bytes = 4 * encoding.n_heads * batch * T * self.LOGIT_TENSORS
             size = max(1, min(T, max_mask_bytes // row_bytes))
             if self.folded:
                 size = min(size, self.FOLD_ROWS)
             elif self.distance_bias is not None:
                 size = min(size, self.BIAS_ROWS)  # keys [0, qe) per chunk: skips most of the masked upper half
-            self.chunks = []
-            for qs in range(0, T, size):
-                qe = min(T, qs + size)
-                ks = 0 if window is None else max(0, qs - window + 1)
-                self.chunks.append((qs, qe, ks))
+            self.chunks = query_chunks(T, size, window, self.block)
         # chunks that need no mask: SDPA's own causal mask is exact for a square chunk from position 0
-        self.causal = [not explicit_bias and window is None and qs == 0 for qs, _, _ in self.chunks]
-        mask_heads = encoding.n_heads if explicit_bias else 1
-        mask_bytes = sum(4 * mask_heads * (qe - qs) * (qe - ks) for (qs, qe, ks), c in zip(self.chunks, self.causal) if not c)
+        self.causal = [not explicit_bias and window is None and not self.logits and qs == 0 and ks == 0
+                       for qs, _, ks in self.chunks]
+        mask_bytes = sum(4 * mask_heads * mask_batch * (qe - qs) * (qe - ks)
+                         for (qs, qe, ks), c in zip(self.chunks, self.causal) if not c)
         self._keep_masks = mask_bytes <= max_mask_bytes
         self._masks: dict[int, torch.Tensor] = {}
         self._factors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def chunk_positions(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions of chunk i's queries and keys: (q,), (k,) or (B, q), (B, k)."""
+        qs, qe, ks = self.chunks[i]
+        return self.pos[..., qs:qe], self.pos[..., ks:qe]
 
     def mask(self, i: int, dtype: torch.dtype) -> Optional[torch.Tensor]:
         if self.causal[i]:
@@ -81,13 +117,16 @@ class AttentionPlan:
         if i in self._masks:
             return self._masks[i].to(dtype)
         qs, qe, ks = self.chunks[i]
-        q_pos, k_pos = self.pos[qs:qe], self.pos[ks:qe]
-        rel = k_pos[None, :] - q_pos[:, None]  # (q, k): key minus query position
+        q_pos, k_pos = self.chunk_positions(i)
+        q_idx, k_idx = self.index[qs:qe], self.index[ks:qe]
+        rel = k_idx[None, :] - q_idx[:, None]  # (q, k): key minus query index
         allowed = rel <= 0
         if self.window is not None:
             allowed = allowed & (rel > -self.window)
+        if self.block is not None:  # keys from the query's previous block on
+            allowed = allowed & (k_idx[None, :] >= (q_idx[:, None] // self.block - 1) * self.block)
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.distance_bias is None):  # else: a constant
-            bias = None if self.folded else self.encoding.bias(q_pos, k_pos)  # (1, H, q, k) or None
+            bias = None if self.folded else self.encoding.bias(q_pos, k_pos)  # (1 or B, H, q, k) or None
         if bias is None:
             mask = torch.zeros(1, 1, *allowed.shape, device=self.pos.device)
         else:
@@ -100,8 +139,8 @@ class AttentionPlan:
     def _bias_factors(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         if i not in self._factors:  # float64 factors, shared by all layers of this forward
             qs, qe, ks = self.chunks[i]
-            self._factors[i] = self.encoding.bias_factors(self.pos[qs:qe], self.pos[ks:qe])
-        return self._factors[i]  # (H, q, E), (H, k, E)
+            self._factors[i] = self.encoding.bias_factors(*self.chunk_positions(i))
+        return self._factors[i]  # (H, q, E), (H or B, H, k, E)
 
     @staticmethod
     def _fold_parts(dtype: torch.dtype) -> int:
@@ -118,7 +157,7 @@ class AttentionPlan:
         to match (SDPA's fused kernels need one head dimension). Each key factor is split into a high part in
         q's dtype and rounding rests (2 parts in float32, 3 in bf16), so the bias keeps at least float32
         precision; channels are padded to a multiple of 8 for the GPU kernels."""
-        qf, kf = self._bias_factors(i)  # (H, q, E), (H, k, E)
+        qf, kf = self._bias_factors(i)  # (H, q, E), (H, k, E) or (B, H, k, E) for per-sequence positions
         parts, rest = [], kf / scale
         for _ in range(self._fold_parts(k.dtype)):
             parts.append(rest.to(k.dtype))
@@ -130,3 +169,11 @@ class AttentionPlan:
         q = torch.cat((q, F.pad(qx, (0, pad)).expand(B, -1, -1, -1)), -1)
         k = torch.cat((k, F.pad(kx, (0, pad)).expand(B, -1, -1, -1)), -1)
         return q, k
+
+
+def explicit_attention(encoding: encodings.Encoding, plan: AttentionPlan, i: int, q: torch.Tensor, k: torch.Tensor,
+                       v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(encoding.attention_logits(...)) @ v for chunk i of the plan: q (B, H, q, D), k, v (B, H, k, D)."""
+    q_pos, k_pos = plan.chunk_positions(i)
+    logits = encoding.attention_logits(q, k, q_pos, k_pos, mask, scale)  # (B, H, q, k), -inf where invisible
+    return torch.softmax(logits.float(), dim=-1).to(v.dtype) @ v

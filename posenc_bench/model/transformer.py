@@ -1,9 +1,10 @@
 """A small decoder-only transformer (nanoGPT layout) that takes its position signal from an Encoding.
 
-Reading order: config -> attention -> block -> model. The model calls the encoding's three hooks and never
-asks which encoding it has:
-  embed(x, pos) once after the token embedding; rotate(q, k, pos) in every layer; bias(q_pos, k_pos) for the
-  attention logits (shared by all layers).
+Reading order: config -> attention -> block -> model. The model calls the encoding's hooks and never asks
+which encoding it has:
+  positions(B, T) once per forward; embed(x, pos) once after the token embedding; rotate(q, k, pos) in every
+  layer; bias(q_pos, k_pos) for the attention logits (shared by all layers); attention_logits(...) per query
+  chunk for an encoding that computes the logits itself (``has_attention_logits``, CoPE).
 Attention is ``F.scaled_dot_product_attention``: on its fused causal path (``is_causal=True``) when the
 encoding has no bias and there is no sliding window; a bias that is low-rank up to per-row constants (ALiBi,
 ``has_low_rank_bias``) is folded into extra q/k channels and stays on the fused kernels; any other bias or a
@@ -29,7 +30,7 @@ from torch import nn
 from posenc_bench import encodings
 from posenc_bench.errors import ConfigError
 from posenc_bench.model import distance_bias
-from posenc_bench.model.attention import AttentionPlan
+from posenc_bench.model.attention import AttentionPlan, explicit_attention
 
 
 @dataclass
@@ -66,7 +67,9 @@ class CausalSelfAttention(nn.Module):
             if plan.folded:
                 qc, kc = plan.fold_bias(i, qc, kc, scale)  # (B, H, *, D + extra channels)
             mask = plan.mask(i, q.dtype)  # None (causal chunk) or (1, H or 1, qe - qs, qe - ks)
-            if plan.distance_bias is not None:
+            if plan.logits:  # the encoding computes the logits itself (CoPE)
+                y = explicit_attention(encoding, plan, i, qc, kc, vc, mask, scale)
+            elif plan.distance_bias is not None:
                 y = distance_bias.distance_bias_attention(qc, kc, vc, plan.distance_bias, mask, scale, qs, ks)
             else:
                 y = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, is_causal=mask is None, scale=scale)
@@ -131,9 +134,9 @@ class DecoderLM(nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """idx (B, T) token ids -> logits (B, T, vocab)."""
         B, T = idx.shape
-        pos = torch.arange(T, device=idx.device)  # (T,)
+        pos = self.encoding.positions(B, T, idx.device)  # (T,) 0 .. T-1, or (B, T) per sequence (+rand training)
         x = self.encoding.embed(self.tok_emb(idx), pos)  # (B, T, C)
-        plan = AttentionPlan(self.encoding, pos, self.window, self.max_mask_bytes)
+        plan = AttentionPlan(self.encoding, pos, self.window, self.max_mask_bytes, batch=B)
         for block in self.blocks:
             x = block(x, self.encoding, plan)
         return self.lm_head(self.ln_f(x))

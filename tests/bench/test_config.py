@@ -117,3 +117,10 @@ def test_the_models_default_vocabulary_is_the_byte_corpus_vocabulary():
     assert ModelConfig().vocab_size == VOCAB_SIZE == 257
     with pytest.raises(ConfigError, match="model.vocab_size must be at least 257"):
         load_config(None, {"model.vocab_size": 256})
+
+
+def test_rows_of_encodings_whose_names_hold_a_plus():
+    assert parse_row("xpos+bca") == ("xpos+bca", None)
+    assert parse_row("learned+rand+sw8") == ("learned+rand", 8)
+    with pytest.raises(ConfigError, match="sw<window>"):
+        parse_row("rope+bca")

@@ -1,4 +1,5 @@
-"""Shared tests over every registered encoding: shapes, causality, running past the train length."""
+"""Shared tests over every registered encoding: shapes, causality, running past the train length, shared
+initialisation, gradients, the checkpoint round trip, family and paper."""
 
 import pytest
 import torch
@@ -22,6 +23,17 @@ def test_unknown_encoding_names_the_value_and_the_valid_ones():
     assert "'rotary'" in msg
     for name in NAMES:
         assert name in msg
+
+
+FAMILIES = {"classic absolute", "relative bias", "rotary", "rotary scaling (zero-shot)", "rotary scaling (fine-tuned)",
+            "contextual", "randomized positions", "none"}
+
+
+def test_every_encoding_names_its_family_and_paper():
+    for name in NAMES:
+        cls = encodings.get_class(name)
+        assert cls.family in FAMILIES, (name, cls.family)
+        assert cls.paper and any(ch.isdigit() for ch in cls.paper), name  # authors and a year
 
 
 def test_every_encoding_has_a_summary_and_a_paper_docstring():
@@ -56,7 +68,7 @@ def test_past_the_train_length(name, tiny_cfg):
     try:
         model.encoding.set_eval_length(4 * TRAIN_LEN)
     except PositionOutOfRange as e:
-        assert name == "learned"
+        assert name == "learned"  # learned+rand's table has M = 8 x the train length rows
         assert str(TRAIN_LEN) in str(e)
         with pytest.raises(PositionOutOfRange):
             model(x)
@@ -82,8 +94,33 @@ def test_encoding_parameters_receive_gradients(name, tiny_cfg):
     x = torch.randint(0, 256, (2, TRAIN_LEN + 1))
     loss = torch.nn.functional.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
     loss.backward()
+    # and at positions 0 .. T-1 (what a +rand row's random sample may miss, e.g. fire's threshold L is only
+    # reached by queries below it)
+    torch.nn.functional.cross_entropy(model.eval()(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten()).backward()
     for pname, p in model.encoding.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, f"{name}.{pname} gets no gradient"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_checkpoint_round_trip_gives_the_same_logits(name, tiny_cfg, tmp_path):
+    """Save through the checkpoint format, load into a fresh model of another seed: the same logits (every
+    tensor a row depends on is saved with the weights, none rebuilt differently on load)."""
+    from posenc_bench.bench import checkpoint
+
+    model = DecoderLM(tiny_cfg, name, TRAIN_LEN, seed=0)
+    model.train()  # one training forward: +rand's step counter moves, a -ft row would be in training mode
+    model(torch.randint(0, 256, (2, TRAIN_LEN)))
+    with torch.no_grad():  # trained-looking weights, not the seed's
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    meta = {"cell_key": "k", "config": {}, "encoding": name, "window": None, "seed": 0, "outcome": {"status": "ok"}}
+    checkpoint.save(tmp_path, model, meta)
+    fresh = checkpoint.read(tmp_path).load_into(DecoderLM(tiny_cfg, name, TRAIN_LEN, seed=7))
+    x = torch.randint(0, 256, (2, TRAIN_LEN))
+    model.eval(), fresh.eval()
+    with torch.no_grad():
+        assert torch.equal(model(x), fresh(x))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
 
 
 def test_unknown_option_is_refused():
@@ -97,9 +134,11 @@ def test_listing_order_does_not_depend_on_import_order():
     import subprocess
     import sys
 
-    code = ("import posenc_bench.encodings.alibi, posenc_bench.encodings.nope; "
+    code = ("import posenc_bench.encodings.alibi, posenc_bench.encodings.rope, posenc_bench.encodings.nope; "
             "from posenc_bench import encodings; print(','.join(encodings.available()))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == ",".join(NAMES) == (
-        "sinusoidal,learned,rope,rope-linear,rope-ntk,rope-dynamic,rope-yarn,rope-llama3,rope-ft,rope-linear-ft,"
-        "rope-ntk-ft,rope-dynamic-ft,rope-yarn-ft,rope-llama3-ft,t5,alibi,nope")
+        "sinusoidal,learned,rope,rope-partial,xpos,xpos+bca,rope-linear,rope-ntk,rope-dynamic,rope-yarn,rope-llama3,"
+        "rope-ft,rope-linear-ft,rope-ntk-ft,rope-dynamic-ft,rope-yarn-ft,rope-llama3-ft,t5,alibi,kerple,kerple-power,"
+        "fire,cope,nope,sinusoidal+rand,learned+rand,rope+rand,rope-partial+rand,xpos+rand,alibi+rand,kerple+rand,"
+        "kerple-power+rand,fire+rand")

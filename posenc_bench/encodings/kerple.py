@@ -1,0 +1,111 @@
+"""KERPLE: kernelized relative positional embedding.
+
+Chi, Fan, Ramadge & Rudnicky, "KERPLE: Kernelized Relative Positional Embedding for Length Extrapolation",
+NeurIPS 2022 (arXiv:2205.09921), sec. 4: a learned conditionally positive definite kernel of the distance,
+added to the logits per head h:
+
+- ``kerple`` (logarithmic variant): b(i, j) = -r1 log(1 + r2 |i - j|), r1, r2 > 0;
+- ``kerple-power``: b(i, j) = -r1 |i - j|^r2, r1 > 0, 0 < r2 <= 2.
+
+Initialisation as the authors' code (``ParallelKerpleLog`` / ``ParallelKerplePower`` in chijames/KERPLE):
+r1 ~ U(0, 2), r2 ~ U(0, 1) per head, kept above 0.01 (and r2 <= 2 for the power variant). The authors clamp
+the raw values in place every step; here the parameters are reparametrised so the constraint holds without
+clamping (r = 0.01 + softplus(raw); the power variant's r2 = 0.01 + 1.99 sigmoid(raw)), started at the same
+values, so every step has a gradient.
+
+The bias depends only on i - j, like T5's, but never saturates: the distance-bias training path
+(``has_distance_bias``, r[h, min(i - j, W)]) would clamp it past its band W, and is only taken at lengths
+>= 4 W, so an exact band (W >= T - 1) never qualifies. The bias is instead built from one line of its
+values per distance, read as a Toeplitz view (no (Tq, Tk) gather) and exact at every eval length.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from posenc_bench.encodings import Encoding, consecutive_start, register
+
+EPS = 0.01  # the authors' lower bound on r1, r2
+
+
+def _inverse_softplus(y: torch.Tensor) -> torch.Tensor:
+    return y + torch.log(-torch.expm1(-y))
+
+
+def toeplitz_bias(values, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """(1, H, Tq, Tk) bias whose entry (a, b) is values(d)[:, a, b] for d = q_pos[a] - k_pos[b] >= 0 (0 for
+    future keys, which the mask hides). ``values`` maps distances (N,) to (H, N). Consecutive positions need
+    one value per distance (a line of Tq + Tk - 1, read as a Toeplitz view); others, every pair."""
+    Tq, Tk = q_pos.shape[-1], k_pos.shape[-1]
+    if q_pos.dim() == 1 and Tq and Tk and consecutive_start(q_pos) is not None and consecutive_start(k_pos) is not None:
+        d = int(q_pos[0]) - int(k_pos[0]) + torch.arange(-(Tk - 1), Tq, device=q_pos.device)
+        line = values(d.clamp(min=0))  # (H, Tq + Tk - 1): line[h, a + c] is distance a - (Tk - 1 - c)
+        toeplitz = line.as_strided((line.shape[0], Tq, Tk), (line.stride(0), 1, 1))
+        return toeplitz.flip(-1).unsqueeze(0)  # (1, H, Tq, Tk)
+    distance = (q_pos[..., :, None] - k_pos[..., None, :]).clamp(min=0)  # (Tq, Tk) or (B, Tq, Tk)
+    out = values(distance.reshape(-1)).view(-1, *distance.shape)  # (H, [B,] Tq, Tk)
+    return out.unsqueeze(0) if distance.dim() == 2 else out.transpose(0, 1)  # (1 or B, H, Tq, Tk)
+
+
+class _Kerple(Encoding):
+    family = "relative bias"
+    paper = "Chi et al., NeurIPS 2022 (arXiv:2205.09921)"
+    has_bias = True
+    batched_positions = True
+
+    def __init__(self, *, d_model: int, n_heads: int, train_len: int) -> None:
+        super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len)
+        r1 = (torch.rand(n_heads) * 2).clamp(min=EPS)  # the authors' init, clamped as their first step does
+        r2 = torch.rand(n_heads).clamp(min=EPS)
+        self.raw_r1 = nn.Parameter(_inverse_softplus(r1 - EPS + 1e-6))
+        self.raw_r2 = nn.Parameter(self._raw_r2(r2))
+
+    def r1(self) -> torch.Tensor:
+        """(H,) the kernel's scale, > 0."""
+        return EPS + F.softplus(self.raw_r1)
+
+    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        return toeplitz_bias(self.kernel, q_pos, k_pos)
+
+    def kernel(self, distance: torch.Tensor) -> torch.Tensor:
+        """(N,) distances -> (H, N) bias values."""
+        raise NotImplementedError
+
+
+@register("kerple")
+class KerpleLog(_Kerple):
+    summary = "learned per-head bias -r1 log(1 + r2 |i - j|) (KERPLE, logarithmic); Chi et al. 2022"
+
+    @staticmethod
+    def _raw_r2(r2: torch.Tensor) -> torch.Tensor:
+        return _inverse_softplus(r2 - EPS + 1e-6)
+
+    def r2(self) -> torch.Tensor:
+        """(H,) > 0."""
+        return EPS + F.softplus(self.raw_r2)
+
+    def kernel(self, distance: torch.Tensor) -> torch.Tensor:
+        d = distance.to(torch.float32)[None, :]  # (1, N)
+        return -self.r1()[:, None] * torch.log1p(self.r2()[:, None] * d)  # (H, N)
+
+
+@register("kerple-power")
+class KerplePower(_Kerple):
+    summary = "learned per-head bias -r1 |i - j|^r2, 0 < r2 <= 2 (KERPLE, power); Chi et al. 2022"
+
+    @staticmethod
+    def _raw_r2(r2: torch.Tensor) -> torch.Tensor:
+        u = ((r2 - EPS) / (2 - EPS)).clamp(1e-6, 1 - 1e-6)
+        return torch.log(u) - torch.log1p(-u)  # logit
+
+    def r2(self) -> torch.Tensor:
+        """(H,) in (0.01, 2)."""
+        return EPS + (2 - EPS) * torch.sigmoid(self.raw_r2)
+
+    def kernel(self, distance: torch.Tensor) -> torch.Tensor:
+        d = distance.to(torch.float32)[None, :]  # (1, N)
+        # d^r2 through a base >= 1: at d = 0 the exponent's gradient d^r2 log d would be nan
+        power = torch.where(d > 0, d.clamp(min=1) ** self.r2()[:, None], torch.zeros((), device=d.device))
+        return -self.r1()[:, None] * power  # (H, N)

@@ -1,0 +1,143 @@
+"""Randomized positional encodings: ``<encoding>+rand``.
+
+Ruoss, Deletang, Genewein, Grau-Moya, Csordas, Bennani, Legg & Veness, "Randomized Positional Encodings Boost
+Length Generalization of Transformers", ACL 2023 (arXiv:2305.16843): in training, each sequence's positions
+are a sorted sample without replacement from [0, M), M larger than any test length, so the model meets every
+position (and distance) up to M while training on short sequences; at evaluation the positions are 0 .. L-1.
+The paper's claim is about algorithmic tasks (its length-generalization benchmark); a perplexity row tests
+whether it carries over to language modelling, a different claim.
+
+M (option ``max_position``) defaults to ``MULTIPLE`` x the train length, a fixed multiple so that training
+never depends on the eval config: 8 x covers the 4x eval lengths of our configs twice over (the paper, too,
+samples from a range well beyond its longest test length), while keeping the mean gap between sampled
+positions at 8, so the training positions stay dense enough for every one of them to be seen. The resolved
+M is part of the cell key (``key_options``).
+
+One loop registers ``<name>+rand`` for every trained encoding registered before this module (``_FAMILIES``
+puts it last) whose hooks take per-sequence positions (``batched_positions``), so a new such encoding gets its
+row without a list kept here. The wrapped encoding is built with the same options and random stream as the
+plain one (identical initial parameters); an encoding with a ``max_positions`` option (``learned``) gets M, so
+``learned+rand``'s table has M rows and is ``n/a`` past them. The sample of each training forward comes from
+a generator seeded by the encoding's seed and a step counter saved with the weights, so a resumed run draws
+the positions an uninterrupted one draws.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import ClassVar, Optional
+
+import torch
+
+from posenc_bench import encodings
+from posenc_bench.encodings import REGISTRY, Encoding, register
+
+MULTIPLE = 8
+
+
+def resolve_range(train_len: int, max_position: int) -> int:
+    """M: max_position, or MULTIPLE x the train length when it is 0."""
+    if max_position < 0 or (max_position and max_position < train_len):
+        raise ValueError(f"max_position must be 0 ({MULTIPLE} x the train length) or >= the train length "
+                         f"{train_len}, got {max_position}")
+    return max_position or MULTIPLE * train_len
+
+
+def sorted_sample(batch: int, length: int, high: int, generator: torch.Generator) -> torch.Tensor:
+    """(batch, length) int64: each row a sorted sample without replacement from [0, high)."""
+    keys = torch.rand(batch, high, generator=generator)
+    return keys.topk(length, dim=-1).indices.sort(dim=-1).values
+
+
+class Randomized(Encoding):
+    """The wrapper: ``base`` holds the wrapped encoding; every hook is the base's, with the positions above."""
+
+    base_cls: ClassVar[type[Encoding]]
+    family = "randomized positions"
+
+    def __init__(self, *, d_model: int, n_heads: int, train_len: int, max_position: int = 0, **options) -> None:
+        super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len)
+        self.max_position = resolve_range(train_len, max_position)
+        if "max_positions" in inspect.signature(self.base_cls.__init__).parameters:
+            options["max_positions"] = self.max_position
+        self.base = self.base_cls(d_model=d_model, n_heads=n_heads, train_len=train_len, **options)
+        self._seed = int(torch.randint(0, 2**62, ()))  # drawn after the base: its parameters are the plain ones
+        self.register_buffer("draws", torch.zeros(1, dtype=torch.int64))
+
+    @classmethod
+    def key_options(cls, train_len: int, options: dict) -> dict:
+        return {"max_position": resolve_range(train_len, int(options.get("max_position", 0)))}
+
+    def positions(self, batch: int, length: int, device: torch.device) -> torch.Tensor:
+        if not self.training:
+            return torch.arange(length, device=device)
+        generator = torch.Generator().manual_seed(self._seed + int(self.draws))
+        with torch.no_grad():
+            self.draws += 1
+        return sorted_sample(batch, length, self.max_position, generator).to(device)  # (B, T)
+
+    def set_eval_length(self, length: int) -> None:
+        self.base.set_eval_length(length)
+
+    def set_train_length(self, length: int) -> None:
+        self.base.set_train_length(length)
+
+    def embed(self, x, pos):
+        return self.base.embed(x, pos)
+
+    def rotate(self, q, k, pos):
+        return self.base.rotate(q, k, pos)
+
+    def bias(self, q_pos, k_pos):
+        return self.base.bias(q_pos, k_pos)
+
+    def bias_factors(self, q_pos, k_pos):
+        return self.base.bias_factors(q_pos, k_pos)
+
+    def attention_logits(self, q, k, q_pos, k_pos, mask, scale):
+        return self.base.attention_logits(q, k, q_pos, k_pos, mask, scale)
+
+    def attention_block(self, length: int) -> Optional[int]:
+        return self.base.attention_block(length)
+
+
+def randomized_row(base: type[Encoding]) -> type[Randomized]:
+    """The ``<base>+rand`` class: the base's options plus ``max_position`` (its __init__ signature says so,
+    which is what ``encodings.build`` checks options against)."""
+    params = [p for n, p in inspect.signature(base.__init__).parameters.items() if n != "self"]
+    own = inspect.Parameter("max_position", inspect.Parameter.KEYWORD_ONLY, default=0)
+    signature = inspect.Signature([inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+                                  + [p for p in params if p.name != "max_positions"] + [own])
+
+    def __init__(self, **kwargs) -> None:
+        Randomized.__init__(self, **kwargs)
+
+    __init__.__signature__ = signature
+    name = f"{base.__name__}Rand"
+    cls = type(name, (Randomized,), {
+        "__init__": __init__, "__module__": __name__, "base_cls": base,
+        "summary": f"{base.name} trained on sorted random positions from [0, M), M = {MULTIPLE} x train length "
+                   f"(claim: algorithmic tasks); Ruoss et al. 2023",
+        "paper": f"Ruoss et al., ACL 2023 (arXiv:2305.16843), over {base.paper}",
+        "has_bias": base.has_bias, "has_low_rank_bias": base.has_low_rank_bias,
+        "has_attention_logits": base.has_attention_logits,
+    })
+    globals()[name] = cls  # a module-level name: reprs and pickling find it
+    return cls
+
+
+def _wrappable() -> list[type[Encoding]]:
+    for family in encodings._FAMILIES[:encodings._FAMILIES.index("randomized")]:
+        importlib.import_module(f"posenc_bench.encodings.{family}")
+    names = list(REGISTRY)
+    bases = [cls for cls in REGISTRY.values()
+             if cls.batched_positions and cls.trained_as is None and not issubclass(cls, Randomized)]
+    # in the listing's order (family file, then registration in it), whichever family was imported first
+    family = lambda cls: cls.__module__.rsplit(".", 1)[-1]  # noqa: E731
+    return sorted(bases, key=lambda cls: (encodings._FAMILIES.index(family(cls)) if family(cls) in encodings._FAMILIES
+                                          else len(encodings._FAMILIES), names.index(cls.name)))
+
+
+for _base in _wrappable():
+    register(f"{_base.name}+rand")(randomized_row(_base))
