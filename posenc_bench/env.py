@@ -29,13 +29,20 @@ def resolve_device(name: str) -> torch.device:
     raise ConfigError(f"unknown device {name!r}; valid devices: auto, cpu, cuda, cuda:N")
 
 
-def git_commit() -> str:
-    root = Path(__file__).resolve().parent.parent
+# What makes a number: "-dirty" means these differ from the commit. A run rewriting its own results folder in
+# the checkout, or an edited README, does not make its numbers dirty.
+CODE_PATHS = ("posenc_bench", "configs", "pyproject.toml")
+
+
+def git_commit(root: Optional[Path] = None) -> str:
+    """HEAD of the checkout the package runs from (or ``root``), with "-dirty" when its code or configs have
+    uncommitted changes (CODE_PATHS); "unknown" outside a git checkout."""
+    root = root or Path(__file__).resolve().parent.parent
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
         if sha.returncode != 0:
             return "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS], cwd=root,
                                capture_output=True, text=True, timeout=10).stdout.strip()
         return sha.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
