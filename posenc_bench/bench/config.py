@@ -180,6 +180,29 @@ def parse_row(spec: str) -> tuple[str, Optional[int]]:
     return name, window
 
 
+def select_rows(value: str, base: list[str], every: Optional[list[str]] = None) -> list[str]:
+    """The selection syntax of ``run --encodings`` and ``plot --rows``: 'rope,alibi' replaces ``base``;
+    '-learned' removes a row (and its windowed rows) from it; 'all' is ``every``. Without ``every``: rows of
+    registered encodings ('all' = every registered one, 'rope+sw64' allowed); with it, only rows in ``every``
+    (e.g. a results file's rows), and a name outside it is a ConfigError listing them."""
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    plus = [i for i in items if not i.startswith("-")]
+    minus = {i[1:] for i in items if i.startswith("-")}
+    chosen: list[str] = []
+    for item in plus or base:
+        chosen.extend((encodings.available() if every is None else every) if item == "all" else [item])
+
+    def base_name(row: str) -> str:
+        return parse_row(row)[0] if every is None else row.split("+", 1)[0]
+
+    for item in list(chosen) + sorted(minus):
+        if every is None:
+            parse_row(item)  # unknown names fail here, listing the valid ones
+        elif item not in every and not any(base_name(r) == item for r in every):
+            raise ConfigError(f"row {item!r} is not in the results; rows: {', '.join(every)}")
+    return [c for c in dict.fromkeys(chosen) if c not in minus and base_name(c) not in minus]
+
+
 def parse_eval_lens(items: Union[str, list], train_len: int) -> list[int]:
     """Absolute lengths or multiples -> sorted unique lengths, always including train_len.
 

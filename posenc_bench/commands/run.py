@@ -50,18 +50,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def parse_encodings(value: str, base: list[str]) -> list[str]:
     """'rope,alibi' replaces the list; '-learned' removes from the config's list; 'all' = every registered."""
-    from posenc_bench import encodings
-    from posenc_bench.bench.config import parse_row
+    from posenc_bench.bench.config import select_rows
 
-    items = split_commas(value)
-    plus = [i for i in items if not i.startswith("-")]
-    minus = {i[1:] for i in items if i.startswith("-")}
-    chosen: list[str] = []
-    for item in plus or base:
-        chosen.extend(encodings.available() if item == "all" else [item])
-    for item in list(chosen) + sorted(minus):
-        parse_row(item)  # unknown names fail here, listing the valid ones
-    return [c for c in dict.fromkeys(chosen) if c not in minus and parse_row(c)[0] not in minus]
+    return select_rows(value, base)
 
 
 def parse_seeds(value: str) -> list[int]:
