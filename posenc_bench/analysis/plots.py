@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import matplotlib
 
@@ -20,12 +20,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 from posenc_bench import encodings  # noqa: E402
-from posenc_bench.bench.config import parse_row  # noqa: E402
+from posenc_bench.bench.config import parse_row, select_rows  # noqa: E402
 from posenc_bench.errors import PosencError  # noqa: E402
+from posenc_bench.analysis.intervals import Intervals  # noqa: E402
 from posenc_bench.analysis.report import Run, short_caption  # noqa: E402
 
 FORMATS = ("png", "svg")
-LINESTYLES = ("-", "--", "-.")  # rows 0-9, 10-19, 20-29 of the ten default colours
 DPI = 110
 
 
@@ -52,15 +52,18 @@ def _caption(fig, runs: Sequence[Run]) -> None:
     fig.text(0.01, -0.02, text, ha="left", va="top", fontsize=7, color="0.3")
 
 
-def _mean_by_length(records: list[dict], row: str) -> list[tuple[int, float, float]]:
-    """(eval length, mean ppl, std) over the seeds that are ok, for every length with at least one."""
+def _mean_by_length(records: list[dict], row: str, iv: Optional[Intervals] = None
+                    ) -> list[tuple[int, float, float, float]]:
+    """(eval length, mean ppl, error below, error above) over the seeds that are ok, for every length with at
+    least one: the interval (analysis/intervals.py) where ``iv`` has one, else mean ± std over seeds."""
     out = []
     for L in sorted({r["eval_len"] for r in records if r["encoding"] == row}):
         vals = [r["ppl"] for r in records if r["encoding"] == row and r["eval_len"] == L and r["status"] == "ok"]
         if vals:
             mean = sum(vals) / len(vals)
             std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
-            out.append((L, mean, std))
+            i = iv.interval("ppl", row, L) if iv is not None else None
+            out.append((L, mean, mean - i.lo, i.hi - mean) if i is not None else (L, mean, std, std))
     return out
 
 
@@ -84,43 +87,116 @@ def _encodings_of(run: Run) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def plot_ppl_vs_length(runs: Sequence[Run], out: Path, formats: Sequence[str] = FORMATS) -> list[Path]:
-    """Perplexity against eval length, one line per encoding (per run), train lengths marked."""
-    fig, ax = plt.subplots(figsize=(8, 4.8))
-    all_means = []
-    markers = "osD^v<>ph*"
-    for i, run in enumerate(runs):
-        style = ["-", "--", ":", "-."][i % 4]
-        for j, row in enumerate(_rows(run)):
-            pts = _mean_by_length(run.data["records"], row)
-            if not pts:
-                continue
-            xs, ys, es = zip(*pts)
-            all_means += ys
-            label = f"{run.label}: {row}" if run.label else row
-            if len(pts) < len({r["eval_len"] for r in run.data["records"]}):
-                label += f" (to {xs[-1]})"
-            ax.errorbar(xs, ys, yerr=es if any(es) else None, label=label,
-                        linestyle=style if len(runs) > 1 else LINESTYLES[j // 10 % 3],
-                        marker=markers[j % len(markers)], markersize=4, capsize=2, color=f"C{j % 10}")
-    if not all_means:
-        plt.close(fig)
-        raise PlotError("no ok records to plot (every cell is n/a or diverged)")
-    for T in sorted({r["train_len"] for run in runs for r in run.data["records"]}):
+# Panels of the line figures, by encoding family (encodings.family): each family's rows share a panel, and a
+# family not named here (a newer encoding) goes to "newer encodings"; rows that are not registered encodings
+# (a pretrained model's) to "pretrained models". The scaling panels also draw the model they evaluate (rope),
+# grey and dotted, as their reference.
+PANELS = (("classic encodings", ("classic absolute", "relative bias", "rotary", "none")),
+          ("RoPE, zero-shot scalings", ("rotary scaling (zero-shot)",)),
+          ("RoPE, fine-tuned", ("rotary scaling (fine-tuned)",)),
+          ("newer encodings", None),
+          ("pretrained models", ()))
+MARKERS = "osD^v<>ph*"
+
+
+def _panel_index(row: str) -> int:
+    try:
+        fam = encodings.family(encodings.get_class(parse_row(row)[0]))
+    except PosencError:
+        return len(PANELS) - 1
+    return next((i for i, (_, fams) in enumerate(PANELS) if fams and fam in fams), 3)
+
+
+def panels(rows: Sequence[str]) -> list[tuple[str, list[str], list[str]]]:
+    """(title, rows, reference rows) of every panel that has rows, in PANELS order; rows keep their order."""
+    out = []
+    for i, (title, _) in enumerate(PANELS):
+        mine = [r for r in rows if _panel_index(r) == i]
+        if mine:
+            refs = []
+            for r in mine:
+                try:
+                    base = encodings.get_class(parse_row(r)[0]).trained_as
+                except PosencError:
+                    base = None
+                if base and base in rows and base not in mine and base not in refs:
+                    refs.append(base)
+            out.append((title, mine, refs))
+    return out
+
+
+def style(index: int) -> dict:
+    """Colour and marker of the index-th row of a panel: no two rows of a panel share both (10 colours x 10
+    markers)."""
+    return {"color": f"C{index % 10}", "marker": MARKERS[index // 10 % len(MARKERS)]}
+
+
+REFERENCE = {"color": "0.55", "marker": "", "linestyle": ":"}
+
+
+def _panel_axes(n: int, height: float = 4.2):
+    cols = 1 if n == 1 else 2
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(7.2 * cols, height * rows), squeeze=False, layout="constrained")
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:n])
+
+
+def _mark_train_lengths(ax, lengths) -> None:
+    for T in sorted(lengths):
         ax.axvline(T, color="0.5", linestyle=":", linewidth=1)
         ax.annotate(f"train length {T}", (T, 1), xycoords=("data", "axes fraction"), xytext=(3, -12),
                     textcoords="offset points", fontsize=8, color="0.4")
-    ax.set_xscale("log", base=2)
+
+
+def _selected(run: Run, rows: Optional[Sequence[str]]) -> list[str]:
+    every = _rows(run)
+    return every if rows is None else [r for r in every if r in rows]
+
+
+def plot_ppl_vs_length(runs: Sequence[Run], out: Path, formats: Sequence[str] = FORMATS,
+                       rows: Optional[Sequence[str]] = None) -> list[Path]:
+    """Perplexity against eval length, one panel per family (PANELS), one line per row (per run), the train
+    lengths marked. ``rows``: only these (default every row)."""
+    order = list(dict.fromkeys(r for run in runs for r in _selected(run, rows)))
+    groups = [g for g in panels(order) if any(_mean_by_length(run.data["records"], r) for run in runs for r in g[1])]
+    if not groups:
+        raise PlotError("no ok records to plot (every cell is n/a or diverged)")
+    fig, axes = _panel_axes(len(groups))
     lengths = sorted({r["eval_len"] for run in runs for r in run.data["records"]})
-    ax.set_xticks(lengths, [str(L) for L in lengths])
-    ax.minorticks_off()
-    if max(all_means) / min(all_means) > 4:
-        ax.set_yscale("log")
-    ax.set_xlabel("eval length (tokens)")
-    ax.set_ylabel("perplexity (per token, lower is better)")
-    ax.set_title("Perplexity against eval length (same target tokens at every length)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ivs = [Intervals(run.data["records"]) for run in runs]
+    for ax, (title, mine, refs) in zip(axes, groups):
+        means = []
+        for i, run in enumerate(runs):
+            for j, row in enumerate(refs + mine):
+                pts = _mean_by_length(run.data["records"], row, ivs[i])
+                if not pts:
+                    continue
+                xs, ys, below, above = zip(*pts)
+                es = (below, above)
+                means += ys
+                label = (f"{run.label}: {row}" if run.label else row) + (" (reference)" if row in refs else "")
+                if len(pts) < len({r["eval_len"] for r in run.data["records"]}):
+                    label += f" (to {xs[-1]})"
+                look = dict(REFERENCE) if row in refs else {**style(j - len(refs)), "linestyle": "-"}
+                if len(runs) > 1:
+                    look["linestyle"] = ["-", "--", ":", "-."][i % 4]
+                ax.errorbar(xs, ys, yerr=es if any(below + above) else None, label=label, markersize=4, capsize=2,
+                            **look)
+        _mark_train_lengths(ax, {r["train_len"] for run in runs for r in run.data["records"]})
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths, [str(L) for L in lengths])
+        ax.minorticks_off()
+        if means and max(means) / min(means) > 4:
+            ax.set_yscale("log")
+        ax.set_xlabel("eval length (tokens)")
+        ax.set_ylabel("perplexity (lower is better)")
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    fig.suptitle("Perplexity against eval length (same target tokens at every length; bars: "
+                 + (f"{ivs[0].ci:.0%} intervals)" if any(iv.available for iv in ivs) else "± std over seeds)"))
     _caption(fig, runs)
     return _save(fig, out, "ppl_vs_length", formats)
 
@@ -143,34 +219,32 @@ def _loss_by_position(records: list[dict], row: str) -> tuple[int, list[tuple[fl
     return L, pts
 
 
-def plot_loss_by_position(run: Run, out: Path, formats: Sequence[str] = FORMATS, stem: str = "loss_by_position"
-                          ) -> list[Path]:
-    """Loss by position over the longest eval length, one line per encoding: where each encoding breaks."""
-    fig, ax = plt.subplots(figsize=(8, 4.8))
+def plot_loss_by_position(run: Run, out: Path, formats: Sequence[str] = FORMATS, stem: str = "loss_by_position",
+                          rows: Optional[Sequence[str]] = None) -> list[Path]:
+    """Loss by position over the longest eval length, one panel per family, one line per row: where each
+    encoding breaks. ``rows``: only these (default every row)."""
     longest = max(r["eval_len"] for r in run.data["records"])
-    drawn = 0
-    for j, row in enumerate(_rows(run)):
-        got = _loss_by_position(run.data["records"], row)
-        if got is None:
-            continue
-        L, pts = got
-        xs, ys = zip(*pts)
-        label = row if L == longest else f"{row} (only to {L})"
-        ax.plot(xs, ys, label=label, color=f"C{j % 10}", linestyle=LINESTYLES[j // 10 % 3], linewidth=1.3)
-        drawn += 1
-    if not drawn:
-        plt.close(fig)
+    curves = {row: got for row in _selected(run, rows) if (got := _loss_by_position(run.data["records"], row))}
+    groups = panels(list(curves))
+    if not groups:
         raise PlotError(f"{run.path}: no record has a loss by position")
+    fig, axes = _panel_axes(len(groups))
     T = _train_len(run)
-    ax.axvline(T, color="0.5", linestyle=":", linewidth=1)
-    ax.annotate(f"train length {T}", (T, 1), xycoords=("data", "axes fraction"), xytext=(3, -12),
-                textcoords="offset points", fontsize=8, color="0.4")
-    ax.set_xlabel("position in the window (tokens)")
-    ax.set_ylabel("mean loss (nats per token)")
+    for ax, (title, mine, refs) in zip(axes, groups):
+        for j, row in enumerate(refs + mine):
+            L, pts = curves[row]
+            xs, ys = zip(*pts)
+            label = (row if L == longest else f"{row} (only to {L})") + (" (reference)" if row in refs else "")
+            look = dict(REFERENCE) if row in refs else {**style(j - len(refs)), "linestyle": "-"}
+            ax.plot(xs, ys, label=label, linewidth=1.3, markersize=3, markevery=8, **look)
+        _mark_train_lengths(ax, {T})
+        ax.set_xlabel("position in the window (tokens)")
+        ax.set_ylabel("mean loss (nats per token)")
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
     title = f"Loss by position at eval length {longest} ({longest / T:g}x the train length)"
-    ax.set_title(title + (f" - {run.label}" if run.label else ""))
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle(title + (f" - {run.label}" if run.label else ""))
     _caption(fig, [run])
     return _save(fig, out, stem, formats)
 
@@ -267,17 +341,20 @@ def plot_bias(run: Run, name: str, out: Path, formats: Sequence[str] = FORMATS, 
 
 
 def plot_all(runs: Sequence[Run], out: Path | str, formats: Sequence[str] = FORMATS,
-             log: Callable[[str], None] = print) -> list[Path]:
-    """Every figure the runs support; figures that cannot be drawn are skipped with the reason logged."""
+             log: Callable[[str], None] = print, rows: Optional[str] = None) -> list[Path]:
+    """Every figure the runs support; figures that cannot be drawn are skipped with the reason logged.
+    ``rows``: a selection of the runs' rows in ``run --encodings`` syntax (rope,alibi | -learned | all)."""
     bad = [f for f in formats if f not in FORMATS]
     if bad or not formats:
         raise PlotError(f"unknown figure format(s) {', '.join(map(repr, bad)) or '(none)'}; valid: {', '.join(FORMATS)}")
+    every = list(dict.fromkeys(r for run in runs for r in _rows(run)))
+    chosen = None if rows is None else select_rows(rows, every, every)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    paths = plot_ppl_vs_length(runs, out, formats)
+    paths = plot_ppl_vs_length(runs, out, formats, chosen)
     for run in runs:
         suffix = f"-{run.label}" if run.label else ""
-        paths += plot_loss_by_position(run, out, formats, stem=f"loss_by_position{suffix}")
+        paths += plot_loss_by_position(run, out, formats, stem=f"loss_by_position{suffix}", rows=chosen)
     first = runs[0].data["run"]
     longest = max(r["eval_len"] for r in runs[0].data["records"])
     names = [n for run in runs for n in _encodings_of(run)]

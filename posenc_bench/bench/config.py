@@ -1,7 +1,10 @@
 """One config path: dataclasses <- YAML file (configs/*.yaml) <- CLI flags.
 
 ``load_config(path, overrides)`` returns a validated :class:`RunConfig`. Unknown keys and bad values raise
-ConfigError naming the key or value and the valid choices.
+ConfigError naming the key or value and the valid choices. ``path`` is a file or the name of a built-in
+config: every ``configs/<name>.yaml`` of the repository, shipped inside the package as
+``posenc_bench/configs/`` (a symlink to ``configs/`` in the source tree, its files in a wheel), so a name
+works from a clone and from an installed wheel alike.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from posenc_bench.data import VOCAB_SIZE, Corpus, load_corpus
 from posenc_bench.model.transformer import ModelConfig
 
 DEFAULT_EVAL_LENS = ["1x", "1.5x", "2x", "4x"]
+# The built-in configs: ``configs/`` of the repository (a symlink in the source tree; real files in a wheel).
+BUILTIN_CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 @dataclass
@@ -179,6 +184,29 @@ def parse_row(spec: str) -> tuple[str, Optional[int]]:
     return name, window
 
 
+def select_rows(value: str, base: list[str], every: Optional[list[str]] = None) -> list[str]:
+    """The selection syntax of ``run --encodings`` and ``plot --rows``: 'rope,alibi' replaces ``base``;
+    '-learned' removes a row (and its windowed rows) from it; 'all' is ``every``. Without ``every``: rows of
+    registered encodings ('all' = every registered one, 'rope+sw64' allowed); with it, only rows in ``every``
+    (e.g. a results file's rows), and a name outside it is a ConfigError listing them."""
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    plus = [i for i in items if not i.startswith("-")]
+    minus = {i[1:] for i in items if i.startswith("-")}
+    chosen: list[str] = []
+    for item in plus or base:
+        chosen.extend((encodings.available() if every is None else every) if item == "all" else [item])
+
+    def base_name(row: str) -> str:
+        return parse_row(row)[0] if every is None else row.split("+", 1)[0]
+
+    for item in list(chosen) + sorted(minus):
+        if every is None:
+            parse_row(item)  # unknown names fail here, listing the valid ones
+        elif item not in every and not any(base_name(r) == item for r in every):
+            raise ConfigError(f"row {item!r} is not in the results; rows: {', '.join(every)}")
+    return [c for c in dict.fromkeys(chosen) if c not in minus and base_name(c) not in minus]
+
+
 def parse_eval_lens(items: Union[str, list], train_len: int) -> list[int]:
     """Absolute lengths or multiples -> sorted unique lengths, always including train_len.
 
@@ -289,14 +317,39 @@ def set_key(data: dict, dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+def builtin_configs() -> dict[str, Path]:
+    """name -> file of every built-in config (``configs/<name>.yaml``), sorted by name."""
+    return {p.stem: p for p in sorted(BUILTIN_CONFIGS.glob("*.yaml"))}
+
+
+def resolve_config(spec: str) -> Path:
+    """The file a ``--config`` value names: an existing file, else a built-in config's name (``ci``,
+    ``default``, ...). ConfigError naming the built-in configs otherwise."""
+    p = Path(spec)
+    if p.is_file():
+        return p
+    builtin = builtin_configs()
+    if spec in builtin:
+        return builtin[spec]
+    raise ConfigError(f"config {spec!r} is neither a file nor a built-in config; built-in configs: "
+                      f"{', '.join(builtin) or '(none found in ' + str(BUILTIN_CONFIGS) + ')'}")
+
+
+def config_header(path: Path) -> str:
+    """The comment block at the top of a config file, as one paragraph (what the config is for)."""
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").strip())
+    return " ".join(x for x in lines if x)
+
+
 def load_config(path: Optional[str] = None, overrides: Optional[dict[str, Any]] = None) -> RunConfig:
-    """Read a YAML file (or the built-in defaults), apply dotted-key overrides, validate."""
+    """Read a YAML file or built-in config (or the built-in defaults), apply dotted-key overrides, validate."""
     data: dict = {}
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            shipped = sorted(q.name for q in Path("configs").glob("*.yaml")) if Path("configs").is_dir() else []
-            raise ConfigError(f"config file {path!r} not found" + (f"; shipped configs: {', '.join(shipped)}" if shipped else ""))
+        p = resolve_config(str(path))
         try:
             data = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e:

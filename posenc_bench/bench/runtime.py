@@ -15,6 +15,7 @@ import torch
 
 from posenc_bench.bench.dist import Dist
 from posenc_bench.env import precision_dtype, resolve_device
+from posenc_bench.progress import say
 
 TRAIN_PRECISIONS = ("fp32", "bf16")  # autocast on our models; fp32 is no autocast
 
@@ -25,11 +26,11 @@ class Runtime:
     autocast: Optional[torch.dtype] = None  # None: full fp32
     dist: Optional[Dist] = None  # torchrun: this process's rank and group
     show_progress: Optional[bool] = None  # None: only on a terminal
-    log: Callable[[str], None] = print
+    log: Callable[[str], None] = say  # print, above any progress bar
 
     @classmethod
     def create(cls, device: str, precision: str = "fp32", *, dist: Optional[Dist] = None,
-               show_progress: Optional[bool] = None, log: Callable[[str], None] = print) -> "Runtime":
+               show_progress: Optional[bool] = None, log: Callable[[str], None] = say) -> "Runtime":
         """From the config's names: ``device`` auto | cpu | cuda[:N] (a torchrun group brings its own)."""
         dtype = precision_dtype(precision, TRAIN_PRECISIONS)
         return cls(dist.device if dist is not None else resolve_device(device),

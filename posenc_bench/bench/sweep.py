@@ -15,13 +15,13 @@ from __future__ import annotations
 import shutil
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import yaml
 
 from posenc_bench import encodings
-from posenc_bench.bench import checkpoint
+from posenc_bench.bench import checkpoint, eta
 from posenc_bench.bench.config import RunConfig, TrainConfig, load_run_corpus, parse_row, row_name
 from posenc_bench.bench.dist import Dist
 from posenc_bench.bench.evaluate import EvalSet, evaluate_model
@@ -56,6 +56,7 @@ class Models:
         self.cfg, self.corpus, self.rt, self.out = cfg, corpus, rt, out
         self._train_stream: Optional[torch.Tensor] = None
         self.training = False  # inside a training that other ranks take part in
+        self.on_step: Optional[Callable[[], None]] = None  # called after each pre-training step (the sweep's clock)
 
     def key(self, name: str, window: Optional[int], seed: int) -> str:
         return row_cell_key(self.cfg, name, window, seed, self.corpus.fingerprint)
@@ -133,9 +134,21 @@ class Models:
         try:
             # the mid-run state: an interrupted run continues from it
             return train(model, plan.batches, plan.train, rt, resume=Resume(ckpt / "train_state.pt", self.cfg.save_every, key),
-                         desc=plan.desc, grad_accum=plan.grad_accum)
+                         desc=plan.desc, grad_accum=plan.grad_accum, on_step=self.on_step if plan.together else None)
         finally:
             self.training = False
+
+    def finished(self, cells: list[tuple[str, int]]) -> set[tuple[str, int]]:
+        """(row, seed) of the models behind ``cells`` whose checkpoints are finished with their key (a cheap
+        look at each checkpoint's meta, for the time estimate; ``get`` verifies them)."""
+        out = set()
+        for row, seed in cells:
+            name, window = parse_row(row)
+            cls = encodings.get_class(name)
+            for own in {name if cls.finetuned else (cls.trained_as or name), cls.trained_as or name}:
+                if checkpoint.cell_key_of(checkpoint.checkpoint_dir(self.out, own, window, seed)) == self.key(own, window, seed):
+                    out.add((row_name(own, window), seed))
+        return out
 
     def _meta(self, key: str, name: str, window: Optional[int], seed: int, **fields) -> dict:
         return {"cell_key": key, "encoding": name, "window": window, "seed": seed, "config": self.cfg.to_dict(),
@@ -181,10 +194,12 @@ class Sweep:
     """One `posenc-bench run`: data and metadata prepared (and every input checked) at construction, then
     ``run`` trains and evaluates the cells in order into the locked results folder."""
 
-    def __init__(self, cfg: RunConfig, rt: Runtime, shard: Optional[tuple[int, int]] = None) -> None:
+    def __init__(self, cfg: RunConfig, rt: Runtime, shard: Optional[tuple[int, int]] = None,
+                 stated_s: Optional[float] = None) -> None:
         """``rt.dist``: this is rank 0 of a torchrun job (the other ranks run :func:`train_worker`).
-        ``shard``: (i, n) runs shard i of n of the cells into results.shard-<i>-of-<n>.json (see shard.py)."""
-        self.cfg, self.rt, self.shard = cfg, rt, shard
+        ``shard``: (i, n) runs shard i of n of the cells into results.shard-<i>-of-<n>.json (see shard.py).
+        ``stated_s``: the time the config's comment promises (``eta.stated_seconds``), for the estimate's warning."""
+        self.cfg, self.rt, self.shard, self.stated_s = cfg, rt, shard, stated_s
         self.out = Path(cfg.out)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
@@ -211,12 +226,23 @@ class Sweep:
         cells = self.cfg.cells()
         return cells if self.shard is None else shard_cells(cells, *self.shard)
 
-    def run_cell(self, row: str, seed: int) -> list[dict]:
+    def _keys(self, row: str, seed: int) -> dict:
         name, window = parse_row(row)
-        keys = {"cell_key": self.models.key(name, window, seed), "eval_key": eval_key(self.cfg, name)}
-        done = self.store.cell(row, seed)
+        return {"cell_key": self.models.key(name, window, seed), "eval_key": eval_key(self.cfg, name)}
+
+    def _done(self, row: str, seed: int) -> list[dict]:
+        """The records of a cell finished before with the same keys at every eval length (else [])."""
+        done, keys = self.store.cell(row, seed), self._keys(row, seed)
         if done and {r["eval_len"] for r in done} >= set(self.evalset.lengths) and all(
                 (r["cell_key"], r["eval_key"]) == (keys["cell_key"], keys["eval_key"]) for r in done):
+            return done
+        return []
+
+    def run_cell(self, row: str, seed: int) -> list[dict]:
+        name, window = parse_row(row)
+        keys = self._keys(row, seed)
+        done = self._done(row, seed)
+        if done:
             self.rt.log(f"  {row} seed {seed}: done before, skipped")
             return done
         model, meta = self.models.get(name, window, seed)
@@ -260,8 +286,14 @@ class Sweep:
             if self.shard is not None and not cells:
                 self.rt.log(f"  shard {self.shard[0]} of {self.shard[1]} has no cells: the sweep has fewer trained "
                             "models than shards")
+            todo = [c for c in cells if not self._done(*c)]
+            clock = eta.Clock(eta.cell_costs(self.cfg, todo, self.models.finished(todo)), self.cfg.train.steps,
+                              self.stated_s, self.rt.device.type, self.rt.log)
+            self.models.on_step = clock.step
             for row, seed in cells:
                 self.run_cell(row, seed)
+                if (row, seed) in todo:
+                    clock.cell_done()
             if self.rt.dist is not None:
                 self.rt.dist.broadcast(("stop",))
             return self.store.as_dict()

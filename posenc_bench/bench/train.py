@@ -7,7 +7,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -113,7 +113,7 @@ def _loss_and_grads(net: torch.nn.Module, rows: torch.Tensor, grad_accum: int, r
 
 
 def train(model: torch.nn.Module, batches: TrainBatches, cfg, rt: Runtime, *, resume: Resume = Resume(),
-          desc: str = "train", grad_accum: int = 1) -> TrainOutcome:
+          desc: str = "train", grad_accum: int = 1, on_step: Optional[Callable[[], None]] = None) -> TrainOutcome:
     """Train ``model`` for cfg.steps steps of ``batches``. cfg is a TrainConfig.
 
     With ``resume.path`` and ``resume.every`` > 0, the full training state (weights, optimizer, data order,
@@ -125,6 +125,8 @@ def train(model: torch.nn.Module, batches: TrainBatches, cfg, rt: Runtime, *, re
     micro-batches whose gradients add up before the step. Either way the loss is the mean over the global
     batch's tokens, as in one process with the whole batch. Only rank 0 reads and writes ``resume.path``; it
     sends a resumed state to the other ranks, so the state resumes on any number of processes.
+
+    ``on_step`` is called after every step (the sweep's :class:`~posenc_bench.bench.eta.Clock` times them).
     """
     device, dist = rt.device, rt.dist
     model.to(device).train()
@@ -169,6 +171,8 @@ def train(model: torch.nn.Module, batches: TrainBatches, cfg, rt: Runtime, *, re
                 p.step, p.elapsed = step + 1, time.perf_counter() - t0
                 _save(resume, p, model, opt, batches)
             bar.update(1)
+            if on_step is not None:
+                on_step()
     elapsed = time.perf_counter() - t0
     tokens = cfg.steps * cfg.batch_size * cfg.train_len
     return TrainOutcome("ok", cfg.steps, p.curve[-1][1], p.last_finite, "", elapsed, tokens / elapsed, p.curve)

@@ -18,7 +18,7 @@ USAGE_ERROR = 2
 INTERRUPTED = 130
 
 # In the order `posenc-bench --help` lists them.
-COMMANDS = ("run", "report", "plot", "gate", "passkey", "merge", "eval", "time", "list")
+COMMANDS = ("run", "report", "plot", "gate", "passkey", "merge", "eval", "time", "list", "configs")
 
 # The names of posenc_bench.env.PRECISIONS (fp32 | bf16 | fp16), spelled here so that building the parser
 # does not import torch; tests/commands/test_cli.py checks that the two agree.
@@ -109,7 +109,10 @@ def parse_set(items: Optional[list[str]], example: str) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from posenc_bench import __version__
+
     p = argparse.ArgumentParser(prog="posenc-bench", description="Benchmark length extrapolation of positional encodings.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         module = importlib.import_module(f"posenc_bench.commands.{name}")

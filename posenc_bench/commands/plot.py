@@ -12,6 +12,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     pl.add_argument("results", nargs="+", help="results folder(s) or results.json file(s)")
     pl.add_argument("--out", default="figures", help="output folder (default: figures)")
     pl.add_argument("--formats", default="png,svg", help="comma list of png, svg (default: png,svg)")
+    pl.add_argument("--rows", help="rows to draw, as run --encodings: rope,alibi | -learned (remove) | all (default)")
     return pl
 
 
@@ -20,6 +21,6 @@ def cmd(args: argparse.Namespace) -> int:
     from posenc_bench.analysis import report
 
     runs = report.load_runs(args.results)
-    for path in plots.plot_all(runs, args.out, split_commas(args.formats)):
+    for path in plots.plot_all(runs, args.out, split_commas(args.formats), rows=args.rows):
         print(f"wrote {path}")
     return 0

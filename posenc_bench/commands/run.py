@@ -14,7 +14,8 @@ PRECISIONS = ("fp32", "bf16")  # autocast (for GPUs); load_config checks the sam
 
 def add_parser(sub) -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="train every selected encoding, evaluate at every length, write the table")
-    r.add_argument("--config", help="YAML config (default: built-in defaults = configs/default.yaml)")
+    r.add_argument("--config", help="a built-in config's name (default, ci, long-2048: see `posenc-bench configs`) "
+                   "or a YAML file (default: default)")
     r.add_argument("--encodings", help="comma list: rope,alibi | -learned (remove) | all | rope+sw64")
     r.add_argument("--train-len", type=int)
     r.add_argument("--eval-lens", help="absolute lengths (4096) or multiples (1,1.5,2,4x); train length always added")
@@ -49,18 +50,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def parse_encodings(value: str, base: list[str]) -> list[str]:
     """'rope,alibi' replaces the list; '-learned' removes from the config's list; 'all' = every registered."""
-    from posenc_bench import encodings
-    from posenc_bench.bench.config import parse_row
+    from posenc_bench.bench.config import select_rows
 
-    items = split_commas(value)
-    plus = [i for i in items if not i.startswith("-")]
-    minus = {i[1:] for i in items if i.startswith("-")}
-    chosen: list[str] = []
-    for item in plus or base:
-        chosen.extend(encodings.available() if item == "all" else [item])
-    for item in list(chosen) + sorted(minus):
-        parse_row(item)  # unknown names fail here, listing the valid ones
-    return [c for c in dict.fromkeys(chosen) if c not in minus and parse_row(c)[0] not in minus]
+    return select_rows(value, base)
 
 
 def parse_seeds(value: str) -> list[int]:
@@ -105,6 +97,7 @@ def cmd(args: argparse.Namespace) -> int:
     import yaml
 
     from posenc_bench.bench import dist as distributed
+    from posenc_bench.bench.eta import config_stated_s
     from posenc_bench.bench.config import load_config
     from posenc_bench.analysis.report import plateau_rows, results_markdown, write_tables
     from posenc_bench.bench.runtime import Runtime
@@ -123,7 +116,7 @@ def cmd(args: argparse.Namespace) -> int:
         rt = Runtime.create(cfg.device, cfg.precision, dist=dist, show_progress=progress_choice(args))
         sweep = None
         try:
-            sweep = Sweep(cfg, rt, shard)  # data, device and the output folder are checked here, before any work
+            sweep = Sweep(cfg, rt, shard, stated_s=config_stated_s(args.config))  # data, device and the output folder are checked here, before any work
             print("effective config:")
             print(yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
             data = sweep.run(fresh=args.fresh)

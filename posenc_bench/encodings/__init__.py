@@ -182,6 +182,23 @@ def get_class(name: str) -> type[Encoding]:
         ) from None
 
 
+# The family of an encoding whose class does not say (by the file it lives in); see family().
+_MODULE_FAMILIES = {"absolute": "classic absolute", "t5": "relative bias", "alibi": "relative bias",
+                    "rope": "rotary", "nope": "none"}
+
+
+def family(cls: type[Encoding]) -> str:
+    """What kind of encoding ``cls`` is, for grouping (figure panels, the docs' table): a class's own
+    ``family`` if it sets one; else the fine-tuned or zero-shot RoPE scalings by their hooks, the rest by
+    the file that defines them ("contextual" for any other: the newer encodings)."""
+    own = getattr(cls, "family", None)
+    if own:
+        return own
+    if cls.trained_as == "rope":
+        return "rotary scaling (fine-tuned)" if cls.finetuned else "rotary scaling (zero-shot)"
+    return _MODULE_FAMILIES.get(cls.__module__.rsplit(".", 1)[-1], "contextual")
+
+
 def build(name: str, *, d_model: int, n_heads: int, train_len: int, options: Optional[dict] = None) -> Encoding:
     """Instantiate encoding ``name``; ``options`` are the family's keyword options (e.g. t5 num_buckets)."""
     cls = get_class(name)

@@ -258,18 +258,29 @@ def test_gate_catches_a_rope_cache_that_wraps_at_the_train_length(tmp_path, caps
     assert "at 1x" not in err
 
 
-def test_the_github_actions_example_calls_the_gate_with_flags_that_exist():
+def test_the_action_calls_the_gate_with_flags_that_exist_and_the_workflows_use_its_inputs():
     import shlex
 
     import yaml
 
     from posenc_bench.commands.cli import build_parser
 
-    workflow = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "github-actions-gate.yml").read_text())
-    steps = workflow["jobs"]["gate"]["steps"]
+    root = Path(__file__).resolve().parents[2]
+    action = yaml.safe_load((root / "action.yml").read_text())
+    steps = action["runs"]["steps"]
     script = next(s["run"] for s in steps if "posenc-bench gate" in s.get("run", ""))
-    argv = shlex.split(script.replace("\\\n", " "))
-    args = build_parser().parse_args(argv[1:])  # exits (SystemExit) on an unknown flag
-    assert args.command == "gate" and args.out == "gate-out" and args.baseline.endswith(".json")
+    line = next(x for x in script.splitlines() if x.strip().startswith("posenc-bench gate"))
+    line = line.replace('"${extra[@]}"', "--set plugins=[mypkg.plugin] --set encodings=[rope]").replace("$ARGS", "")
+    values = {"$CONFIG": "ci", "$BASELINE": "base.json", "$OUT": "posenc-gate"}
+    for var, value in values.items():
+        line = line.replace(f'"{var}"', value)
+    args = build_parser().parse_args(shlex.split(line)[1:])  # exits (SystemExit) on an unknown flag
+    assert args.command == "gate" and args.config == "ci" and args.progress == "off"
     uploaded = next(s for s in steps if s.get("uses", "").startswith("actions/upload-artifact"))
-    assert "gate-out/gate.md" in uploaded["with"]["path"] and uploaded["if"] == "always()"
+    assert "${{ inputs.out }}/gate.md" in uploaded["with"]["path"] and uploaded["if"] == "always()"
+    assert steps[-1]["run"].rstrip().endswith('exit "${CODE:-2}"')  # the gate's exit code passes through
+    for workflow in (root / "examples" / "github-actions-gate.yml", root / ".github" / "workflows" / "posenc-gate.yml"):
+        (step,) = [s for s in yaml.safe_load(workflow.read_text())["jobs"]["gate"]["steps"]
+                   if "posenc-bench" in s.get("uses", "") or s.get("uses") == "./"]
+        assert set(step["with"]) <= set(action["inputs"]), workflow.name
+        assert "baseline" in step["with"]

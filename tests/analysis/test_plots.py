@@ -73,3 +73,47 @@ def test_learned_bias_comes_from_the_runs_checkpoint(tmp_path):
     (ckpt / "config.json").write_text(json.dumps({"cell_key": "other"}))
     with pytest.raises(plots.PlotError, match="from a different config than the results"):
         plots.plot_bias(run, "t5", tmp_path, formats=["png"])
+
+
+def test_families_get_their_own_panels_without_a_hand_kept_list():
+    rows = report.load_runs([ROOT / "results" / "default"])[0].data["run"]["rows"]
+    got = {title: (mine, refs) for title, mine, refs in plots.panels(rows)}
+    assert list(got) == ["classic encodings", "RoPE, zero-shot scalings", "RoPE, fine-tuned"]
+    assert got["classic encodings"][0] == ["sinusoidal", "learned", "t5", "rope", "alibi", "nope"]
+    assert got["RoPE, zero-shot scalings"] == (["rope-linear", "rope-ntk", "rope-dynamic", "rope-yarn", "rope-llama3"], ["rope"])
+    assert got["RoPE, fine-tuned"][0][0] == "rope-ft" and got["RoPE, fine-tuned"][1] == ["rope"]
+    assert plots.panels(["hf:SmolLM2+linear"]) == [("pretrained models", ["hf:SmolLM2+linear"], [])]
+
+
+def test_no_two_rows_of_a_panel_share_colour_and_marker(tmp_path, monkeypatch):
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, out, stem, formats: figures.append(fig) or [])
+    runs = report.load_runs([ROOT / "results" / "default"])
+    plots.plot_ppl_vs_length(runs, tmp_path)
+    plots.plot_loss_by_position(runs[0], tmp_path)
+    assert len({len(s) for s in (plots.style(i) for i in range(100))}) == 1
+    assert len({tuple(plots.style(i).values()) for i in range(100)}) == 100
+    for fig in figures:
+        for ax in [a for a in fig.axes if a.get_visible()]:
+            handles, labels = ax.get_legend_handles_labels()
+            looks = []
+            for h in handles:
+                line = h.lines[0] if hasattr(h, "lines") else h
+                looks.append((str(line.get_color()), line.get_marker(), line.get_linestyle()))
+            assert len(set(looks)) == len(looks) and len(labels) >= 2, (ax.get_title(), labels)
+
+
+def test_plot_rows_selects_like_run_encodings(tmp_path, capsys):
+    folder = copy_results(tmp_path)
+    assert main(["plot", str(folder), "--out", str(tmp_path / "f"), "--formats", "png", "--rows",
+                 "rope,rope-yarn,alibi"]) == 0
+    assert_real_figure(tmp_path / "f" / "ppl_vs_length.png")
+    from posenc_bench.bench.config import select_rows
+
+    rows = ["rope", "rope-linear", "alibi", "rope+sw64"]
+    assert select_rows("-rope", rows, rows) == ["rope-linear", "alibi"]
+    assert select_rows("all,-alibi", rows, rows) == ["rope", "rope-linear", "rope+sw64"]
+    capsys.readouterr()
+    assert main(["plot", str(folder), "--out", str(tmp_path / "g"), "--rows", "rope,ropey"]) == 2
+    err = capsys.readouterr().err
+    assert "row 'ropey' is not in the results; rows: sinusoidal, learned" in err and err.count("\n") == 1

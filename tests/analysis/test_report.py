@@ -211,11 +211,15 @@ def test_committed_table_md_is_what_report_builds(name):
     assert (folder / "table.md").read_text() == report.render(report.load_runs([folder]))
 
 
-def test_readme_table_is_what_report_builds_from_the_committed_results():
-    block = report.read_block((ROOT / "README.md").read_text(), "results/default")
-    assert block is not None, "README.md lost its <!-- posenc-bench table: results/default --> block"
-    assert block == report.render(report.load_runs([ROOT / "results" / "default"])), (
-        "README table is stale: run `posenc-bench report results/default --update README.md`")
+@pytest.mark.parametrize("page,values,command", [
+    ("README.md", "ppl", "posenc-bench report results/default --value ppl --update README.md"),
+    ("docs/results.md", report.DEFAULT_VALUES, "posenc-bench report results/default --update docs/results.md"),
+])
+def test_readme_and_docs_tables_are_what_report_builds_from_the_committed_results(page, values, command):
+    block = report.read_block((ROOT / page).read_text(), "results/default")
+    assert block is not None, f"{page} lost its <!-- posenc-bench table: results/default --> block"
+    assert block == report.render(report.load_runs([ROOT / "results" / "default"]), values=values), (
+        f"the table in {page} is stale: run `{command}`")
 
 
 def test_caption_names_every_commit_when_rows_were_added_later():

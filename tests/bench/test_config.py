@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from posenc_bench.bench.config import RunConfig, load_config, parse_eval_lens, parse_row
@@ -56,9 +58,37 @@ def test_rows_with_windows():
     assert cfg.rows() == ["rope+sw16", "alibi+sw32"]
 
 
-def test_missing_config_file():
-    with pytest.raises(ConfigError, match="not found"):
+def test_missing_config_file_lists_the_built_in_configs():
+    with pytest.raises(ConfigError, match=r"'configs/nope.yaml' is neither a file nor a built-in config; "
+                                          r"built-in configs: ci, default, long-2048"):
         load_config("configs/nope.yaml")
+    with pytest.raises(ConfigError, match="built-in configs: ci, default"):
+        load_config("cii")
+
+
+def test_built_in_configs_are_the_repository_configs_folder():
+    """Every configs/*.yaml is a built-in config by its name (one source: the package's folder is configs/)."""
+    from posenc_bench.bench.config import BUILTIN_CONFIGS, builtin_configs
+
+    repo = Path(__file__).resolve().parents[2] / "configs"
+    assert set(builtin_configs()) == {p.stem for p in repo.glob("*.yaml")} >= {"ci", "default", "long-2048"}
+    assert BUILTIN_CONFIGS.resolve() == repo.resolve()
+    for name, path in builtin_configs().items():
+        assert load_config(name).to_dict() == load_config(str(repo / f"{name}.yaml")).to_dict()
+
+
+def test_a_name_works_from_any_folder_and_a_file_wins_over_a_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert load_config("ci").model.d_model == 64
+    (tmp_path / "ci").write_text("model: {d_model: 32}\n")
+    assert load_config("ci").model.d_model == 32
+
+
+def test_config_header_is_the_leading_comment(tmp_path):
+    from posenc_bench.bench.config import config_header
+
+    (tmp_path / "c.yaml").write_text("# First line.\n#\n# Second.\nseeds: [0]  # not this\n# nor this\n")
+    assert config_header(tmp_path / "c.yaml") == "First line. Second."
 
 
 @pytest.mark.parametrize("overrides,match", [

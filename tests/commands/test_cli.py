@@ -250,10 +250,10 @@ def test_strided_protocol_is_recorded_and_captioned(tmp_path, capsys):
 
 # ---- the command modules: one per command, the same flags spelled the same way ---------------------------
 
-COMMANDS = ("run", "report", "plot", "gate", "passkey", "merge", "eval", "time", "list")
+COMMANDS = ("run", "report", "plot", "gate", "passkey", "merge", "eval", "time", "list", "configs")
 MINIMAL = {  # the fewest arguments each command's parser accepts
     "run": [], "report": ["r"], "plot": ["r"], "gate": ["--baseline", "b.json"], "passkey": ["--model", "m"],
-    "merge": ["a", "--out", "o"], "eval": ["--model", "m"], "time": [], "list": [],
+    "merge": ["a", "--out", "o"], "eval": ["--model", "m"], "time": [], "list": [], "configs": [],
 }
 
 
@@ -391,3 +391,28 @@ def test_records_carry_units_and_the_table_flags_models_on_the_plateau(finished)
     assert len({tuple(r["units"]["tokens"]) for r in ok}) == 1
     table = (finished / "table.md").read_text()
     assert "uses only local context" in table and "Intervals: 95%, paired bootstrap over" in table
+
+
+def test_version_comes_from_the_package(capsys):
+    from posenc_bench import __version__
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out == f"posenc-bench {__version__}\n"
+
+
+def test_configs_lists_every_built_in_config_with_purpose_and_cost(capsys):
+    from posenc_bench.bench.config import builtin_configs
+
+    assert main(["configs"]) == 0
+    out = capsys.readouterr().out
+    for name in builtin_configs():
+        assert f"\n{name} " in f"\n{out}"
+    assert "Small sweep for tests and the CI regression gate" in out
+    assert "cost: 6 trained model(s) x 400 steps of 32 x 128 tokens" in out and "its comment states ~10 min" in out
+
+
+def test_run_with_an_unknown_config_name_lists_the_built_in_ones(capsys):
+    assert main(["run", "--config", "defualt"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "built-in configs: ci, default, full, long-2048" in err

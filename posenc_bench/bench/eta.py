@@ -1,0 +1,191 @@
+"""How long a sweep will take on this device, said before the time is spent.
+
+Every cell's work is counted in *steps*: training steps of the config's own shape (train.batch_size x
+train.train_len tokens, forward and backward). A fine-tuning step and an evaluation are converted to that unit
+by their FLOPs (a forward pass is a third of a training step per token; attention grows with the window), so
+one number measured on the device, the seconds a training step takes after the first few, prices the whole
+sweep. As cells finish, the rate they actually took replaces it. The arithmetic is pure (tested in
+``tests/bench/test_eta.py``); :class:`Clock` only feeds it the clock and prints its lines.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from posenc_bench import encodings
+
+# The first training step warms up (allocations, kernels); the estimate times the steps after it: at least
+# one, then until MEASURE_STEPS steps or MEASURE_S seconds, whichever comes first.
+MEASURE_STEPS = 3
+MEASURE_S = 20.0
+FAR_BEYOND = 3.0  # an estimate this many times the config's stated time is "far beyond" it
+CPU_LIMIT_S = 3600.0  # on a CPU, a sweep longer than this is said to be long whatever the config promises
+CHEAPER = "a smaller config (--config ci), fewer steps (--steps 50) or a GPU (--device cuda)"
+
+
+def token_flops(model, length: int) -> float:
+    """Forward FLOPs per token in a window of ``length`` tokens: 2 per weight (attention and MLP matrices, LM
+    head) plus causal attention, q.k and a.v over length / 2 keys on average (2 x length x width a layer)."""
+    d, n = model.d_model, model.n_layers
+    weights = n * (4 + 2 * model.mlp_ratio) * d * d + d * model.vocab_size
+    return 2.0 * weights + 2.0 * n * length * d
+
+
+@dataclass(frozen=True)
+class CellCost:
+    """One cell's work in steps (see the module docstring)."""
+
+    row: str
+    seed: int
+    train: float = 0.0  # the trained model, if this cell is the first to need it
+    finetune: float = 0.0  # the -ft row's fine-tuning
+    eval: float = 0.0  # scoring every eval length
+
+    @property
+    def steps(self) -> float:
+        return self.train + self.finetune + self.eval
+
+
+def step_flops(cfg) -> float:
+    """FLOPs of one training step of ``cfg`` (a RunConfig): forward and backward, 3 x the forward."""
+    t = cfg.train
+    return 3.0 * t.batch_size * t.train_len * token_flops(cfg.model, t.train_len)
+
+
+def cost_line(cfg) -> str:
+    """What a whole sweep of ``cfg`` costs, in words: models trained, their steps and tokens, cells, FLOPs."""
+    costs = cell_costs(cfg, cfg.cells())
+    trained = sum(1 for c in costs if c.train)
+    tuned = sum(1 for c in costs if c.finetune)
+    t = cfg.train
+    flops = sum(c.steps for c in costs) * step_flops(cfg)
+    return (f"{trained} trained model(s) x {t.steps} steps of {t.batch_size} x {t.train_len} tokens"
+            + (f", {tuned} fine-tuned" if tuned else "") + f", {len(costs)} cell(s) evaluated: {flops_text(flops)}")
+
+
+def flops_text(flops: float) -> str:
+    """4.26e12 -> '4.3 TFLOP'; 1.2e17 -> '120 PFLOP'."""
+    for unit, size in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9)):
+        if flops >= size:
+            return f"{flops / size:.2g} {unit}" if flops < 10 * size else f"{flops / size:.0f} {unit}"
+    return f"{flops:.2g} FLOP"
+
+
+def cell_costs(cfg, cells: list[tuple[str, int]], finished: set[tuple[str, int]] = frozenset()) -> list[CellCost]:
+    """The work of ``cells`` (rows and seeds of ``cfg``, a RunConfig) in steps. ``finished``: (row, seed) of
+    models whose checkpoints are done (a trained row such as ``rope``, or a ``-ft`` row), so not trained again."""
+    from posenc_bench.bench.config import parse_row, row_name
+
+    t, m = cfg.train, cfg.model
+    step = step_flops(cfg)
+    evals = sum(cfg.eval.tokens * token_flops(m, L) for L in cfg.eval_lengths()) / step
+    trained = set(finished)
+    out = []
+    for row, seed in cells:
+        name, window = parse_row(row)
+        cls = encodings.get_class(name)
+        base = row_name(cls.trained_as or name, window)
+        train = 0.0 if (base, seed) in trained else float(t.steps)
+        trained.add((base, seed))
+        finetune = 0.0
+        if cls.finetuned and (row, seed) not in trained:
+            p = cfg.finetune_plan()
+            finetune = p.steps * 3.0 * p.batch_size * p.len * token_flops(m, p.len) / step
+            trained.add((row, seed))
+        out.append(CellCost(row, seed, train, finetune, evals))
+    return out
+
+
+def seconds_left(costs: list[CellCost], done: int, sec_per_step: float, elapsed_s: float = 0.0) -> float:
+    """Seconds the cells after the first ``done`` will take: at the rate the finished cells took
+    (``elapsed_s`` over their steps) once they did any work, else at ``sec_per_step``."""
+    done_steps = sum(c.steps for c in costs[:done])
+    rate = elapsed_s / done_steps if done and done_steps > 0 and elapsed_s > 0 else sec_per_step
+    return rate * sum(c.steps for c in costs[done:])
+
+
+def duration(seconds: float) -> str:
+    """45 s, 12 min, 2 h 5 min, 3.2 days: as a person would say it."""
+    if seconds < 90:
+        return f"{max(1, round(seconds))} s"
+    if seconds < 3600:
+        return f"{round(seconds / 60)} min"
+    if seconds < 48 * 3600:
+        h, rest = divmod(round(seconds / 60), 60)
+        return f"{h} h {rest} min" if rest else f"{h} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+_PROMISE = re.compile(r"\babout (\d+(?:\.\d+)?) ?(s|sec|seconds?|min|minutes?|h|hours?)\b")
+_UNIT_S = {"s": 1, "sec": 1, "second": 1, "seconds": 1, "min": 60, "minute": 60, "minutes": 60, "h": 3600,
+           "hour": 3600, "hours": 3600}
+
+
+def stated_seconds(header: str) -> Optional[float]:
+    """The time a config's header comment promises ("... in about 10 minutes on 2 CPU cores"), or None."""
+    found = _PROMISE.search(header)
+    return float(found.group(1)) * _UNIT_S[found.group(2)] if found else None
+
+
+def config_stated_s(spec: Optional[str]) -> Optional[float]:
+    """The time the header of the config ``spec`` (a file or built-in name; None: the built-in defaults,
+    which are configs/default.yaml) promises, or None."""
+    from posenc_bench.bench.config import builtin_configs, config_header, resolve_config
+
+    path = resolve_config(spec) if spec is not None else builtin_configs().get("default")
+    return stated_seconds(config_header(path)) if path is not None else None
+
+
+def warning(total_s: float, stated_s: Optional[float], device_type: str) -> Optional[str]:
+    """One line when the sweep will take far longer than its config says, or over an hour on a CPU."""
+    if stated_s and total_s > FAR_BEYOND * stated_s:
+        return (f"  note: about {duration(total_s)}, far beyond the ~{duration(stated_s)} the config's comment states "
+                f"for its own settings; for a quicker run use {CHEAPER}")
+    if device_type == "cpu" and total_s > CPU_LIMIT_S:
+        return f"  note: about {duration(total_s)} on this CPU; for a quicker run use {CHEAPER}"
+    return None
+
+
+def estimate_lines(costs: list[CellCost], sec_per_step: float, steps: int, stated_s: Optional[float],
+                   device_type: str) -> list[str]:
+    """The first estimate: seconds a step, each model and the sweep; and the warning, if any."""
+    total = seconds_left(costs, 0, sec_per_step)
+    lines = [f"  timing: {sec_per_step:.3g} s a training step on {device_type}: about {duration(sec_per_step * steps)} "
+             f"a model ({steps} steps), about {duration(total)} for the sweep ({len(costs)} cells)"]
+    note = warning(total, stated_s, device_type)
+    return lines + ([note] if note else [])
+
+
+class Clock:
+    """Times the first training steps of a sweep, prints the estimate once, and the time left after each
+    cell. ``step()`` is the training loop's per-step callback; ``cell_done()`` is called after every cell."""
+
+    def __init__(self, costs: list[CellCost], steps: int, stated_s: Optional[float], device_type: str,
+                 log: Callable[[str], None], now: Callable[[], float] = time.perf_counter) -> None:
+        self.costs, self.steps, self.stated_s, self.device_type, self.log, self.now = (
+            costs, steps, stated_s, device_type, log, now)
+        self.start = now()
+        self.sec_per_step: Optional[float] = None
+        self._marks: list[float] = []
+        self.done = 0
+
+    def step(self) -> None:
+        if self.sec_per_step is not None:
+            return
+        self._marks.append(self.now())
+        measured = len(self._marks) - 1
+        if measured >= MEASURE_STEPS or (measured >= 1 and self._marks[-1] - self._marks[0] >= MEASURE_S):
+            self.sec_per_step = (self._marks[-1] - self._marks[0]) / measured
+            for line in estimate_lines(self.costs, self.sec_per_step, self.steps, self.stated_s, self.device_type):
+                self.log(line)
+
+    def cell_done(self) -> None:
+        self.done += 1
+        if self.done >= len(self.costs):
+            return
+        left = seconds_left(self.costs, self.done, self.sec_per_step or 0.0, self.now() - self.start)
+        if left > 0:
+            self.log(f"  cell {self.done}/{len(self.costs)}, about {duration(left)} left")

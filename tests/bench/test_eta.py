@@ -1,0 +1,114 @@
+"""The sweep's time estimate: its arithmetic (pure functions of seconds a step, steps, cells and eval cost),
+never the clock (a fake clock drives :class:`Clock`)."""
+
+import pytest
+
+from posenc_bench.bench import eta
+from posenc_bench.bench.config import load_config
+
+
+def test_token_flops_counts_weights_and_causal_attention():
+    cfg = load_config("default")
+    m = cfg.model  # 128 wide, 4 layers, MLP x4, vocabulary 257
+    weights = 4 * 12 * 128 * 128 + 128 * 257
+    assert eta.token_flops(m, 128) == 2 * weights + 2 * 4 * 128 * 128
+    assert eta.token_flops(m, 512) - eta.token_flops(m, 128) == 2 * 4 * (512 - 128) * 128
+
+
+def test_cell_costs_train_each_model_once_and_price_eval_and_finetuning_by_flops():
+    cfg = load_config("default", {"encodings": ["rope", "rope-linear", "rope-ft", "alibi"], "seeds": [0, 1]})
+    costs = eta.cell_costs(cfg, cfg.cells())
+    by = {(c.row, c.seed): c for c in costs}
+    step = 3 * 32 * 128 * eta.token_flops(cfg.model, 128)
+    evals = sum(65536 * eta.token_flops(cfg.model, L) for L in (128, 192, 256, 512)) / step
+    assert by["rope", 0].train == 400 and by["rope-linear", 0].train == 0  # rope-linear evaluates rope's model
+    assert by["alibi", 1].train == 400 and by["rope", 1].train == 400
+    assert all(c.eval == pytest.approx(evals) for c in costs)
+    p = cfg.finetune_plan()  # 40 steps of 8 x 512 tokens
+    assert by["rope-ft", 0].finetune == pytest.approx(40 * 3 * 8 * 512 * eta.token_flops(cfg.model, 512) / step)
+    assert by["rope-ft", 0].train == 0 and by["rope", 0].finetune == 0 and p.steps == 40
+    # finished checkpoints are not trained again
+    again = eta.cell_costs(cfg, cfg.cells(), finished={("rope", 0), ("rope-ft", 0)})
+    assert [c.train + c.finetune for c in again if c.seed == 0] == [0, 0, 0, 400]
+
+
+def test_a_fine_tuned_row_alone_pays_for_its_trained_model():
+    cfg = load_config("default", {"encodings": ["rope-ft"]})
+    (cost,) = eta.cell_costs(cfg, cfg.cells())
+    assert cost.train == 400 and cost.finetune > 0
+
+
+def test_seconds_left_uses_the_measured_step_then_the_rate_of_finished_cells():
+    costs = [eta.CellCost("a", 0, train=100), eta.CellCost("b", 0, train=100, eval=50), eta.CellCost("c", 0, eval=50)]
+    assert eta.seconds_left(costs, 0, 2.0) == 2.0 * 300
+    assert eta.seconds_left(costs, 1, 2.0) == 2.0 * 200  # nothing measured yet: the step time
+    assert eta.seconds_left(costs, 1, 2.0, elapsed_s=300.0) == 3.0 * 200  # cell a took 3 s a step
+    assert eta.seconds_left(costs, 3, 2.0, elapsed_s=900.0) == 0.0
+
+
+@pytest.mark.parametrize("seconds,text", [(0.2, "1 s"), (45, "45 s"), (89, "89 s"), (600, "10 min"),
+                                          (3600, "1 h"), (7500, "2 h 5 min"), (39420, "10 h 57 min"),
+                                          (3 * 86400, "3.0 days")])
+def test_duration(seconds, text):
+    assert eta.duration(seconds) == text
+
+
+def test_the_stated_time_comes_from_each_configs_comment():
+    assert eta.stated_seconds("Sized so that ... the whole sweep finishes in about 10 minutes on 2 CPU cores") == 600
+    assert eta.stated_seconds("every encoding, three seeds, in about 80 s on 2 CPU cores (about 27 s a seed)") == 80
+    assert eta.stated_seconds("for a GPU (bf16 autocast)") is None
+    assert eta.config_stated_s("default") == eta.config_stated_s(None) == 600
+    assert eta.config_stated_s("ci") == 80 and eta.config_stated_s("long-2048") is None
+
+
+def test_warning_when_far_beyond_the_stated_time_or_over_an_hour_on_a_cpu():
+    assert eta.warning(1500, 600, "cpu") is None  # 2.5x: not "far"
+    far = eta.warning(39420, 600, "cuda")
+    assert far.startswith("  note: about 10 h 57 min, far beyond the ~10 min") and "--config ci" in far
+    assert "--steps" in far and "GPU" in far and "\n" not in far
+    assert eta.warning(4000, None, "cpu").startswith("  note: about 1 h 7 min on this CPU")
+    assert eta.warning(4000, None, "cuda") is None and eta.warning(3000, None, "cpu") is None
+
+
+def test_the_mission_command_is_priced_at_about_half_a_day_on_a_16_s_step():
+    """`run --train-len 2048 --eval-lens 4096` on 2 CPU cores (16.4 s a step measured here): 6 trained models
+    of 400 steps, 7 cells evaluated at 2048 and 4096."""
+    cfg = load_config(None, {"train.train_len": 2048, "eval.lens": ["4096"]})
+    costs = eta.cell_costs(cfg, cfg.cells())
+    assert sum(c.train for c in costs) == 6 * 400
+    lines = eta.estimate_lines(costs, 16.4, 400, eta.config_stated_s(None), "cpu")
+    assert lines[0].startswith("  timing: 16.4 s a training step on cpu: about 1 h 49 min a model (400 steps)")
+    assert "for the sweep (7 cells)" in lines[0] and "far beyond the ~10 min" in lines[1]
+
+
+def test_clock_prints_the_estimate_once_after_the_first_steps_and_the_time_left_after_cells():
+    now = [0.0]
+    lines = []
+    costs = [eta.CellCost("a", 0, train=10), eta.CellCost("b", 0, train=10), eta.CellCost("c", 0, eval=5)]
+    clock = eta.Clock(costs, 10, None, "cpu", lines.append, now=lambda: now[0])
+    for t in (5.0, 6.0, 7.0):  # the first step warms up (5 s); then 1 s a step
+        now[0] = t
+        clock.step()
+    assert lines == []
+    now[0] = 8.0
+    clock.step()
+    assert clock.sec_per_step == 1.0 and len(lines) == 1 and "about 25 s for the sweep (3 cells)" in lines[0]
+    for _ in range(20):
+        clock.step()
+    assert len(lines) == 1
+    now[0] = 20.0  # cell a: 10 steps in 20 s
+    clock.cell_done()
+    assert lines[-1] == "  cell 1/3, about 30 s left"
+    clock.cell_done()
+    clock.cell_done()
+    assert len(lines) == 3  # nothing after the last cell
+
+
+def test_clock_stops_measuring_after_measure_s_of_slow_steps():
+    now = [0.0]
+    lines = []
+    clock = eta.Clock([eta.CellCost("a", 0, train=400)], 400, 600, "cpu", lines.append, now=lambda: now[0])
+    for t in (19.0, 36.0, 53.0):  # after two timed steps: 34 s >= MEASURE_S
+        now[0] = t
+        clock.step()
+    assert clock.sec_per_step == 17.0 and "far beyond" in lines[1]
