@@ -25,7 +25,7 @@ from tabulate import tabulate
 
 from posenc_bench.errors import PosencError
 from posenc_bench.bench.records import read_results
-from posenc_bench.analysis.intervals import CI, MIN_WINDOWS, Intervals
+from posenc_bench.analysis.intervals import CI, MIN_SEEDS, MIN_WINDOWS, Intervals
 from posenc_bench.files import atomic_write_text
 
 VALUES = ("ppl", "bpb", "ratio", "training")
@@ -43,7 +43,7 @@ BEST_NOTE = "bold: best in its column"
 SIGNIFICANT_BEST_NOTE = ("bold: best in its column and better than every other row (the paired interval of the "
                          "ratio excludes 1); ≈: tied with the best (its interval includes 1)")
 COMPARE_TITLE = "Perplexity relative to {ref} at the same length (paired); *: the interval excludes 1"
-TEXT_ONLY_NOTE = (f"text-only interval: a different trained model and fewer than {3} seeds, so another seed could "
+TEXT_ONLY_NOTE = (f"text-only interval: a different trained model and fewer than {MIN_SEEDS} seeds, so another seed could "
                   "move it by more than the text does; no significance claimed")
 # A model that uses its context predicts later positions of a window better than the first ones. At 1x, the
 # test loss over the second half of the window must be this many nats below the first bucket's (positions 0-7
