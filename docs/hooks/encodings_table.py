@@ -33,6 +33,10 @@ def table() -> str:
     lines += [f"| `{name}` | {fam} | {what} | {paper} | {model} |" for name, fam, what, paper, model in rows()]
     lines.append("| `<name>+sw<W>` | | any of the above with sliding-window attention over the last W tokens "
                  "| Beltagy et al. 2020 | |")
+    lines.append("| `<name>+sink<S>+sw<W>` | attention sinks (zero-shot) | a trained encoding's model with a window of "
+                 "W keys plus the first S tokens, positions re-indexed in the cache; `<name>+sw<W>+sink<S>`: the "
+                 "model trained with that window | Xiao et al., ICLR 2024 (arXiv:2309.17453) | `<name>`'s, as "
+                 "trained (zero-shot) |")
     return "\n".join(lines) + "\n"
 
 

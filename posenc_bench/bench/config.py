@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
+import re
 import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any, Optional, Union
 import yaml
 
 from posenc_bench import encodings
-from posenc_bench.errors import ConfigError
+from posenc_bench.errors import ConfigError, UnknownEncodingError
 from posenc_bench.data import VOCAB_SIZE, Corpus, load_corpus
 from posenc_bench.model.transformer import ModelConfig
 
@@ -163,24 +164,42 @@ class RunConfig:
         return asdict(self)
 
 
+_GRAMMAR = ("expected <encoding>, <encoding>+sw<W>, <encoding>+sink<S>+sw<W> or <encoding>+sw<W>+sink<S>, "
+            "e.g. rope+sw64")
+
+
 def row_name(name: str, window: Optional[int]) -> str:
-    """The inverse of parse_row: ('rope', 64) -> 'rope+sw64'."""
-    return name if window is None else f"{name}+sw{window}"
+    """The inverse of parse_row: ('rope', 64) -> 'rope+sw64'; ('rope+sink4', 64) -> 'rope+sw64+sink4' (the
+    window the model was trained with comes before the sinks added at evaluation)."""
+    if window is None:
+        return name
+    sinks = re.search(r"\+sink[0-9]+$", name)
+    return f"{name[:sinks.start()]}+sw{window}{sinks.group()}" if sinks else f"{name}+sw{window}"
 
 
 def parse_row(spec: str) -> tuple[str, Optional[int]]:
-    """'alibi' -> ('alibi', None); 'rope+sw64' -> ('rope', 64); 'rope+rand+sw64' -> ('rope+rand', 64): a
-    trailing +sw<W> is the window, the rest the encoding name (names may hold a '+'). Validates the name."""
+    """A row -> (encoding name, the window its model was trained with). 'alibi' -> ('alibi', None);
+    'rope+sw64' -> ('rope', 64); 'rope+rand+sw64' -> ('rope+rand', 64): a trailing +sw<W> is the window, the
+    rest the encoding name (names may hold a '+'). Attention sinks (encodings/sinks.py): 'rope+sink4+sw64' is
+    the encoding of that name on the model trained without a window -> ('rope+sink4+sw64', None), and
+    'rope+sw64+sink4' the rope+sw64 model with sinks -> ('rope+sink4', 64). Validates the name."""
     name, window = spec, None
     head, sep, rest = spec.rpartition("+")
-    if sep and rest.startswith("sw"):
+    windowed_sinks = re.fullmatch(r"(.+)\+sw([0-9]+)(\+sink[0-9]+)", spec)
+    if windowed_sinks:
+        name, window = windowed_sinks[1] + windowed_sinks[3], int(windowed_sinks[2])
+    elif sep and rest.startswith("sw") and not re.search(r"\+sink[0-9]+$", head):
         if not rest[2:].isdigit() or int(rest[2:]) < 1:
-            raise ConfigError(f"bad encoding row {spec!r}: expected <encoding> or <encoding>+sw<window>, e.g. rope+sw64")
+            raise ConfigError(f"bad encoding row {spec!r}: {_GRAMMAR}")
         name, window = head, int(rest[2:])
-    elif sep and name not in encodings.available():
-        if head in encodings.available():  # a known encoding with an unknown suffix: name the row grammar
-            raise ConfigError(f"bad encoding row {spec!r}: expected <encoding> or <encoding>+sw<window>, e.g. rope+sw64")
-    encodings.get_class(name)
+    if window is not None and window < 1:
+        raise ConfigError(f"bad encoding row {spec!r}: {_GRAMMAR}")
+    try:
+        encodings.get_class(name)
+    except UnknownEncodingError:
+        if sep and window is None and head in encodings.available():  # a known encoding, an unknown suffix
+            raise ConfigError(f"bad encoding row {spec!r}: {_GRAMMAR}") from None
+        raise
     return name, window
 
 
@@ -379,6 +398,7 @@ def import_plugins(modules: list) -> None:
 
 
 def validate(cfg: RunConfig) -> None:
+    from posenc_bench.model.attention import sink_window
     from posenc_bench.model.transformer import build_encoding, validate_shape
 
     if not cfg.encodings:
@@ -409,7 +429,11 @@ def validate(cfg: RunConfig) -> None:
     if cfg.model.vocab_size < VOCAB_SIZE:
         raise ConfigError(f"model.vocab_size must be at least {VOCAB_SIZE} (256 bytes + BOS), got {cfg.model.vocab_size}")
     for spec in cfg.encodings:
-        name, _ = parse_row(spec)
+        name, window = parse_row(spec)
+        try:  # a sink row needs a window: its own, the trained model's or the config's, and only one
+            sink_window(encodings.get_class(name), window if window is not None else cfg.window)
+        except ValueError as e:
+            raise ConfigError(f"row {spec!r}: {e}") from None
         validate_shape(cfg.model, name)
         build_encoding(cfg.model, name, cfg.train.train_len)  # the encoding's own checks and options
     if not cfg.seeds or any(not isinstance(s, int) or s < 0 for s in cfg.seeds):

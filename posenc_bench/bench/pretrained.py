@@ -39,6 +39,7 @@ from posenc_bench.env import device_description, resolve_device, version_of
 from posenc_bench.errors import ConfigError, PosencError, PositionOutOfRange
 from posenc_bench.files import file_hash
 from posenc_bench.hf.model import HFModel, ModelSpec, resolve_model
+from posenc_bench.hf import rope as hf_rope
 from posenc_bench.hf.rope import scaled_max_positions, scaling_parameters
 from posenc_bench.hf.tokenize import document_separator, tokenize_documents
 
@@ -115,6 +116,7 @@ def eval_hf(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], None] = pri
     eval_tokens = opts.eval_tokens or DEFAULT_EVAL_TOKENS
     if eval_tokens < 1:
         raise ConfigError(f"--eval-tokens must be >= 1, got {eval_tokens}")
+    hf_rope.require_hf(opts.rope_scaling)
     corpus = load_corpus(opts.data or "stdlib")
     t0 = time.perf_counter()
     hf = HFModel(spec, device=device, precision=opts.precision or "fp32", trust_remote_code=opts.trust_remote_code)
@@ -225,8 +227,11 @@ def _variant_rows(trained: str, window: Optional[int], scalings: list[str]) -> l
     """(row, registered encoding or None, reason when None): the checkpoint's own row, then one per scaling."""
     rows: list[tuple[str, Optional[str], str]] = [(row_name(trained, window), trained, "")]
     for s in scalings:
-        variant = f"{trained}-{s}"
-        known = variant in encodings.available() and encodings.get_class(variant).trained_as == trained
+        variant = f"{trained}+{s}" if s.startswith("sink") else f"{trained}-{s}"  # rope+sink4+sw124, rope-yarn
+        try:
+            known = encodings.get_class(variant).trained_as == trained
+        except ConfigError:
+            known = False
         rows.append((row_name(variant, window), variant if known else None,
                      "" if known else f"no registered encoding {variant!r} evaluates the trained {trained!r} model "
                                       f"(registered: {', '.join(encodings.available())})"))

@@ -226,8 +226,11 @@ def attention_rows(tc: TimingConfig, device: torch.device, dtype: torch.dtype, l
     x = torch.randn(1, length, d, device=device, dtype=dtype)
     pos = torch.arange(length, device=device)
     forwards = {}
-    for name, explicit in [(n, False) for n in trained_encodings()] + [("alibi", True)]:
-        enc = encodings.build(name, d_model=d, n_heads=H, train_len=length).to(device)
+    fixes = zero_shot_fixes(length // 4)
+    for name, explicit in [(n, False) for n in trained_encodings() + fixes] + [("alibi", True)]:
+        # a zero-shot fix evaluates a model trained at a quarter of this length: its path at 4x
+        enc = encodings.build(name, d_model=d, n_heads=H, train_len=length // 4 if name in fixes else length).to(device)
+        enc.set_eval_length(length)
         if explicit:
             enc.has_low_rank_bias = False  # the straightforward (1, H, q, k) bias mask, for comparison
         h = enc.embed(x, pos)
@@ -258,9 +261,21 @@ def scaled_rope_variants() -> list[str]:
     """The zero-shot RoPE scalings: RoPE subclasses evaluated on the trained rope model (the -ft rows use the
     same frequency functions)."""
     from posenc_bench.encodings.rope import RoPE
+    from posenc_bench.encodings.rope_fixes import PairwiseRoPE
 
     return [n for n in encodings.available() if issubclass(encodings.get_class(n), RoPE)
+            and not issubclass(encodings.get_class(n), PairwiseRoPE)
             and encodings.get_class(n).trained_as == "rope" and not encodings.get_class(n).finetuned]
+
+
+def zero_shot_fixes(train_len: int) -> list[str]:
+    """The rows that change each pair's relative position on the trained rope model (ReRoPE, Leaky ReRoPE,
+    Self-Extend), and rope with the paper's 4 attention sinks in a cache of the train length."""
+    from posenc_bench.encodings.rope_fixes import PairwiseRoPE
+    from posenc_bench.encodings.sinks import PAPER_SINKS
+
+    pairwise = [n for n in encodings.available() if issubclass(encodings.get_class(n), PairwiseRoPE)]
+    return pairwise + [f"rope+sink{PAPER_SINKS}+sw{train_len - PAPER_SINKS}"]
 
 
 def trained_encodings() -> list[str]:
@@ -461,6 +476,7 @@ name, train_len, length, batch, threads = sys.argv[1], int(sys.argv[2]), int(sys
 torch.set_num_threads(threads)
 status = lambda key: int(re.search(key + r":\s+(\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
 model = DecoderLM(ModelConfig(), name, train_len, seed=0).eval()
+model.encoding.set_eval_length(length)
 x = torch.randint(0, 256, (batch, length))
 with torch.inference_mode():
     model(x)  # warm-up at full size: workspaces, caches
@@ -480,6 +496,7 @@ def eval_peak_memory(name: str, device: torch.device, train_len: int, length: in
     peak is reset through /proc/self/clear_refs; None where that is missing)."""
     if device.type == "cuda":
         model = DecoderLM(ModelConfig(), name, train_len, seed=0).to(device).eval()
+        model.encoding.set_eval_length(length)
         x = torch.randint(0, 256, (batch, length), device=device)
         with torch.inference_mode():
             model(x[:, :8])
@@ -509,7 +526,7 @@ def memory_rows(tc: TimingConfig, device: torch.device, log) -> list[dict]:
     train_len, length = 128, 512
     batch = 16384 // length
     rows, base = [], None
-    for name in [n for n in trained_encodings() if n != "learned"]:
+    for name in [n for n in trained_encodings() if n != "learned"] + zero_shot_fixes(train_len):
         peak = eval_peak_memory(name, device, train_len, length, batch)
         if peak is None:
             return []

@@ -13,7 +13,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     e.add_argument("--model", required=True,
                    help="hf:<local folder | hub name | path/to/file.gguf>, or a checkpoint folder (results/x/checkpoints/rope-seed0)")
     e.add_argument("--eval-lens", help="multiples of the train length (1,1.5,2,4x; default) or absolute lengths")
-    e.add_argument("--rope-scaling", help="comma list of linear,dynamic,yarn,llama3 (or all): one extra row each")
+    e.add_argument("--rope-scaling", help="comma list of linear,dynamic,yarn,llama3 (or all): one extra row each; "
+                   "our checkpoints also take ntk, rerope, leaky, selfextend and sink<S>+sw<W> (attention sinks)")
     e.add_argument("--train-len", type=int, help="override the model's own train length (max_position_embeddings)")
     e.add_argument("--data", help="stdlib (default) | shakespeare | a path or glob | hf:<dataset>[:<config>]")
     e.add_argument("--eval-tokens", type=int, help="target tokens scored at every eval length (HF default 16384)")

@@ -13,8 +13,8 @@ def cmd(args: argparse.Namespace) -> int:
     from posenc_bench import encodings
 
     names = encodings.available()
-    window_row = "<name>+sw<W>"
-    width = max(map(len, names + [window_row]))
+    window_row, sink_row = "<name>+sw<W>", "<name>+sink<S>+sw<W>"
+    width = max(map(len, names + [window_row, sink_row]))
     family_width = max(len(encodings.get_class(n).family) for n in names)
     for name in names:
         cls = encodings.get_class(name)
@@ -23,4 +23,7 @@ def cmd(args: argparse.Namespace) -> int:
         print(f"{name:<{width}}  {cls.family:<{family_width}}  {cls.summary}{extra} -- {cls.paper}")
     print(f"{window_row:<{width}}  {'':<{family_width}}  any of the above with sliding-window attention over the "
           "last W tokens")
+    print(f"{sink_row:<{width}}  {'':<{family_width}}  a trained encoding's model, zero-shot, with a window of W keys "
+          "plus the first S tokens, positions re-indexed in the cache (StreamingLLM; <name>+sw<W>+sink<S>: the "
+          "model trained with that window) -- Xiao et al., ICLR 2024 (arXiv:2309.17453)")
     return 0

@@ -20,8 +20,8 @@ from posenc_bench.errors import ConfigError, UnknownEncodingError
 REGISTRY: dict[str, type["Encoding"]] = {}
 
 # The family modules; importing them fills REGISTRY. Adding a family adds one name here.
-_FAMILIES = ("absolute", "rope", "partial_rope", "xpos", "rope_scaling", "t5", "alibi", "kerple", "fire", "cope",
-             "nope", "randomized")  # randomized last: it wraps the encodings registered before it
+_FAMILIES = ("absolute", "rope", "partial_rope", "xpos", "rope_scaling", "rope_fixes", "t5", "alibi", "kerple", "fire",
+             "cope", "nope", "randomized", "sinks")  # randomized after the encodings it wraps; sinks: name patterns
 
 
 class Encoding(nn.Module):
@@ -38,6 +38,9 @@ class Encoding(nn.Module):
       positions only (CoPE reads q . k itself; ReRoPE and Self-Extend combine two rotations by distance).
     - optionally ``attention_block(length)``: blockwise causal attention (each query sees its own block of
       that many tokens and the previous one), or None.
+    - ``attention_sinks`` (a class attribute, not a hook): (S, W) when the first S tokens stay visible beside a
+      sliding window of W keys, with positions re-indexed within that cache (StreamingLLM); the model's
+      attention plan applies it through the hooks above (``<encoding>+sink<S>+sw<W>`` rows, ``sinks.py``).
 
     Positions count from 0 at the first token of every window. Hooks that take (B, T) positions declare
     ``batched_positions``; with the plain (T,) arange every encoding keeps its fast path.
@@ -52,7 +55,8 @@ class Encoding(nn.Module):
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
     # The group a row belongs to in tables and figures: "classic absolute", "relative bias", "rotary",
-    # "rotary scaling (zero-shot)", "rotary scaling (fine-tuned)", "contextual", "randomized positions", "none".
+    # "rotary scaling (zero-shot)", "rotary scaling (fine-tuned)", "rotary fix (zero-shot)", "attention sinks
+    # (zero-shot)", "contextual", "randomized positions", "none".
     family: ClassVar[str] = ""
     # The paper (or post) it comes from, short: authors, year, venue or arXiv id.
     paper: ClassVar[str] = ""
@@ -76,6 +80,13 @@ class Encoding(nn.Module):
     # True when every position-reading hook accepts (B, T) positions (one row per sequence): the encodings
     # ``+rand`` can wrap.
     batched_positions: ClassVar[bool] = False
+    # True when positions enter through ``embed`` (added to the token embeddings): a key's position is then
+    # part of its hidden state in every layer, so attention cannot re-index it (no attention-sink rows).
+    positions_in_embedding: ClassVar[bool] = False
+    # (S, W): the first S tokens are always visible beside a sliding window of the last W keys (W None: the
+    # model's window), and a query past the first S + W tokens sees the sinks at the positions they have in
+    # that cache (StreamingLLM; model/attention.py applies it). None: no sinks.
+    attention_sinks: ClassVar[Optional[tuple[int, Optional[int]]]] = None
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int) -> None:
         super().__init__()
@@ -154,6 +165,18 @@ def register(name: str) -> Callable[[type[Encoding]], type[Encoding]]:
     return decorate
 
 
+# Row names made from a pattern rather than registered one by one (``<encoding>+sink<S>+sw<W>``): each
+# function returns the class for a name it recognises (raising for a bad one) or None; classes are kept here.
+_PATTERNS: list[Callable[[str], Optional[type["Encoding"]]]] = []
+_GENERATED: dict[str, type["Encoding"]] = {}
+
+
+def register_pattern(make: Callable[[str], Optional[type["Encoding"]]]) -> Callable[[str], Optional[type["Encoding"]]]:
+    """Decorator: ``make(name)`` builds the class of every name of a pattern (see ``sinks.py``)."""
+    _PATTERNS.append(make)
+    return make
+
+
 def _load_families() -> None:
     for family in _FAMILIES:
         importlib.import_module(f"posenc_bench.encodings.{family}")
@@ -174,12 +197,19 @@ def available() -> list[str]:
 
 def get_class(name: str) -> type[Encoding]:
     _load_families()
-    try:
+    if name in REGISTRY:
         return REGISTRY[name]
-    except KeyError:
-        raise UnknownEncodingError(
-            f"unknown encoding {name!r}; valid encodings: {', '.join(available())}"
-        ) from None
+    if name not in _GENERATED:
+        for make in _PATTERNS:
+            cls = make(name)
+            if cls is not None:
+                cls.name = name
+                _GENERATED[name] = cls
+                break
+        else:
+            raise UnknownEncodingError(f"unknown encoding {name!r}; valid encodings: {', '.join(available())}, "
+                                       f"and <encoding>+sink<S>+sw<W> (attention sinks)")
+    return _GENERATED[name]
 
 
 # The family of an encoding whose class does not say (by the file it lives in); see family().

@@ -47,6 +47,7 @@ class Sinusoidal(Encoding):
     family = "classic absolute"
     paper = "Vaswani et al., NeurIPS 2017 (arXiv:1706.03762)"
     batched_positions = True
+    positions_in_embedding = True
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int, base: float = 10000.0) -> None:
         super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len)
@@ -69,6 +70,7 @@ class Learned(Encoding):
     family = "classic absolute"
     paper = "Radford et al. 2019 (GPT-2); Devlin et al., NAACL 2019 (arXiv:1810.04805)"
     batched_positions = True
+    positions_in_embedding = True
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int, init_std: float = 0.02,
                  max_positions: int = 0) -> None:

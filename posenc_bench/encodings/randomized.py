@@ -121,7 +121,7 @@ def randomized_row(base: type[Encoding]) -> type[Randomized]:
                    f"(claim: algorithmic tasks); Ruoss et al. 2023",
         "paper": f"Ruoss et al., ACL 2023 (arXiv:2305.16843), over {base.paper}",
         "has_bias": base.has_bias, "has_low_rank_bias": base.has_low_rank_bias,
-        "has_attention_logits": base.has_attention_logits,
+        "has_attention_logits": base.has_attention_logits, "positions_in_embedding": base.positions_in_embedding,
     })
     globals()[name] = cls  # a module-level name: reprs and pickling find it
     return cls

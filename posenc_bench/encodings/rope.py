@@ -112,8 +112,8 @@ class RoPE(Encoding):
         self._batched_cache: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
 
     def cos_sin(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin (T, D/2) for (T,) positions, (B, 1, T, D/2) for (B, T) ones; cached per positions: every
-        layer rotates with the same ones."""
+        """cos, sin (T, D/2) for (T,) positions, (B, 1, T, D/2) for (B, T) ones; cached for consecutive
+        positions and per-sequence ones (by identity): every layer rotates with the same ones."""
         if pos.dim() == 2:  # per-sequence positions (+rand in training): new each forward, cached by identity
             cached = self._batched_cache
             if cached is None or cached[0] is not pos or cached[1].dtype != dtype:
@@ -122,7 +122,11 @@ class RoPE(Encoding):
                 cos, sin = (t.view(B, 1, T, -1).to(dtype) for t in (cos, sin))  # -> (B, 1, T, D/2)
                 self._batched_cache = cached = (pos, cos, sin)
             return cached[1], cached[2]
-        key = (pos.shape[0], int(pos[0]), int(pos[-1]), pos.device, dtype)
+        start = consecutive_start(pos)
+        if start is None:  # other positions (a query's cache position towards attention sinks): not cached
+            cos, sin = rope_cos_sin_halves(pos, self.inv_freq, self.attention_scale)
+            return cos.to(dtype), sin.to(dtype)
+        key = (pos.shape[0], start, pos.device, dtype)
         if self._cache is None or self._cache[0] != key:
             cos, sin = rope_cos_sin_halves(pos, self.inv_freq, self.attention_scale)
             self._cache = (key, cos.to(dtype), sin.to(dtype))

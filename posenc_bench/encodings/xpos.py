@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from posenc_bench.encodings import register
+from posenc_bench.encodings import consecutive_start, register
 from posenc_bench.encodings.rope import RoPE, apply_rotary
 
 
@@ -58,13 +58,14 @@ class XPos(RoPE):
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cached = self._xcache
-        key = pos if pos.dim() == 2 else (pos.shape[0], int(pos[0]), int(pos[-1]), pos.device)
+        key = pos if pos.dim() == 2 else (pos.shape[0], consecutive_start(pos), pos.device)  # start None: not cached
         if cached is None or not (cached[0] is key if pos.dim() == 2 else cached[0] == key) or cached[1].dtype != q.dtype:
             cos, sin = self.cos_sin(pos, torch.float64)  # (T, D/2) or (B, 1, T, D/2)
             s = xpos_scales(pos, self.zeta, self.scale_base)
             # the rotation is linear, so scaling cos and sin scales the rotated pair: q by s, k by 1/s
             cached = (key, *((t.to(q.dtype)) for t in (cos * s, sin * s, cos / s, sin / s)))
-            self._xcache = cached
+            if key is pos or key[1] is not None:
+                self._xcache = cached
         _, qc, qs, kc, ks = cached
         return apply_rotary(q, qc, qs), apply_rotary(k, kc, ks)
 

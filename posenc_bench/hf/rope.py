@@ -11,12 +11,15 @@ has a rope_type for (not ntk), so our own rows and a Hugging Face model's are sc
 
 from __future__ import annotations
 
+import re
+
 from posenc_bench.encodings.rope_scaling import LLAMA3_FREQ_FACTORS, SCALING_TABLE, Scaling
 from posenc_bench.errors import ConfigError
 
 _HF_SCALINGS: dict[str, Scaling] = {s.name: s for s in SCALING_TABLE if s.hf_rope_type}
 SCALINGS = tuple(_HF_SCALINGS)  # linear, dynamic, yarn, llama3: the --rope-scaling names
-__all__ = ["LLAMA3_FREQ_FACTORS", "SCALINGS", "parse_scalings", "scaled_max_positions", "scaling_parameters"]
+__all__ = ["LLAMA3_FREQ_FACTORS", "SCALINGS", "checkpoint_scalings", "parse_scalings", "require_hf", "scaled_max_positions",
+           "scaling_parameters"]
 
 
 def _scaling(name: str) -> Scaling:
@@ -26,18 +29,43 @@ def _scaling(name: str) -> Scaling:
         raise ConfigError(f"unknown RoPE scaling {name!r}; valid: {', '.join(SCALINGS)}") from None
 
 
+def checkpoint_scalings() -> list[str]:
+    """What ``eval --rope-scaling`` takes for our checkpoints: every zero-shot row of the trained rope model
+    by its suffix (linear, ntk, dynamic, yarn, llama3, rerope, leaky, selfextend), plus sink<S>+sw<W>."""
+    from posenc_bench import encodings
+
+    return [n[len("rope-"):] for n in encodings.available() if n.startswith("rope-")
+            and encodings.get_class(n).trained_as == "rope" and not encodings.get_class(n).finetuned]
+
+
 def parse_scalings(value: str) -> list[str]:
-    """'linear,yarn' -> ['linear', 'yarn']; 'all' = every scaling; 'none' or '' = none."""
+    """'linear,yarn' -> ['linear', 'yarn']; 'all' = every scaling transformers has; 'none' or '' = none.
+    Also the rows only our checkpoints take (``checkpoint_scalings``; ``require_hf`` refuses them for Hugging
+    Face models) and attention sinks, sink<S>+sw<W> (or sink<S> on a model trained with a window)."""
     items = [v.strip().lower() for v in value.split(",") if v.strip()]
     out: list[str] = []
+    ours = checkpoint_scalings()
     for item in items:
         if item == "all":
             out.extend(SCALINGS)
-        elif item in SCALINGS:
+        elif item in SCALINGS or item in ours or re.fullmatch(r"sink[0-9]+(\+sw[0-9]+)?", item):
             out.append(item)
         elif item != "none":
-            raise ConfigError(f"--rope-scaling {item!r} is not a scaling; valid: {', '.join(SCALINGS)}, all, none")
+            raise ConfigError(f"--rope-scaling {item!r} is not a scaling; valid: {', '.join(dict.fromkeys([*SCALINGS, *ours]))}, "
+                              f"sink<S>+sw<W>, all, none")
     return list(dict.fromkeys(out))
+
+
+def require_hf(scalings: list[str]) -> None:
+    """Refuse the rows a Hugging Face model cannot take: transformers rotates q and k inside its attention
+    module from one position per token, so only a change of rope_parameters (the frequencies) reaches it;
+    ReRoPE, Self-Extend (a position per query-key pair) and attention sinks (a re-indexed cache) need our own
+    attention, and NTK-aware scaling has no rope_type there (dynamic NTK does)."""
+    bad = [s for s in scalings if s not in SCALINGS]
+    if bad:
+        raise ConfigError(f"--rope-scaling {bad[0]}: not available for Hugging Face models (transformers applies "
+                          f"RoPE from one position per token, so only frequency scalings reach it); valid: "
+                          f"{', '.join(SCALINGS)} (our checkpoints take every zero-shot row)")
 
 
 def scaling_parameters(base: dict, scaling: str, factor: float, train_len: int) -> dict:

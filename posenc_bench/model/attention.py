@@ -16,15 +16,16 @@ from posenc_bench import encodings
 from posenc_bench.model import distance_bias
 
 
-def query_chunks(T: int, size: int, window: Optional[int], block: Optional[int]) -> list[tuple[int, int, int]]:
+def query_chunks(T: int, size: int, window: Optional[int], block: Optional[int], sinks: int = 0
+                 ) -> list[tuple[int, int, int]]:
     """(qs, qe, ks) per chunk of at most ``size`` queries; with blocks, no chunk crosses a block boundary and
-    its keys start at the previous block (or the window, whichever is later)."""
+    its keys start at the previous block (or the window, whichever is later); with sinks, keys start at 0."""
     chunks = []
     step = size if block is None else min(size, block)
     starts = range(0, T, step) if block is None else [s for b in range(0, T, block) for s in range(b, min(T, b + block), step)]
     for qs in starts:
         qe = min(T, qs + step, T if block is None else (qs // block + 1) * block)
-        ks = 0 if window is None else max(0, qs - window + 1)
+        ks = 0 if window is None or sinks else max(0, qs - window + 1)
         if block is not None:
             ks = max(ks, (qs // block - 1) * block)
         chunks.append((qs, qe, ks))
@@ -52,6 +53,10 @@ class AttentionPlan:
     count tokens (indices), never positions. ``encoding.attention_block(T)`` (blockwise causal attention)
     cuts the chunks at block boundaries, each chunk's keys starting one block back.
 
+    Attention sinks (``encoding.attention_sinks`` = (S, W), StreamingLLM): keys j < S stay visible beside the
+    window of W keys (the encoding's W, else the model's); towards them a query is biased and rotated from its
+    cache position, min(i, S + W - 1) (``sink_attention``), its recent keys keep their true distances.
+
     Chunk i covers queries [qs, qe) and keys [ks, qe). When all chunks' masks together fit in
     ``max_mask_bytes`` they are built once per forward and shared by the layers; otherwise each layer rebuilds
     them, so at most one chunk's mask is alive at a time.
@@ -66,19 +71,20 @@ class AttentionPlan:
                  batch: int = 1):
         self.encoding = encoding
         self.pos = pos  # (T,) or (B, T)
+        self.sinks, window = sink_window(encoding, window)
         self.window = window
         T = pos.shape[-1]
         # token indices for causality and windows: the positions themselves when they are the plain (T,) ones
         self.index = pos if pos.dim() == 1 else torch.arange(T, device=pos.device)
         self.block = encoding.attention_block(T)
         self.logits = encoding.has_attention_logits
-        self.folded = encoding.has_bias and encoding.has_low_rank_bias
+        self.folded = encoding.has_bias and encoding.has_low_rank_bias and not self.sinks
         explicit_bias = encoding.has_bias and not self.folded
         # a learned distance bias in training: flash kernel + band gradient instead of SDPA's math path, once
         # the sequence is long enough for that to pay (measured: 0.74x the time at 1024 tokens, 1.55x at 128)
         self.distance_bias = None
         if (explicit_bias and encoding.has_distance_bias and torch.is_grad_enabled() and pos.dim() == 1
-                and distance_bias.supported(pos) and not self.logits and self.block is None):
+                and distance_bias.supported(pos) and not self.logits and self.block is None and not self.sinks):
             r = encoding.distance_bias()  # (H, W + 1), carries the gradient
             if T >= self.BAND_MIN * (r.shape[1] - 1):
                 self.distance_bias = r
@@ -88,15 +94,14 @@ class AttentionPlan:
         if self.fused:
             self.chunks = [(0, T, 0)]
         else:
-            row_bytes = 4 * max(1, mask_heads) * mask_batch * T
-            if self.logits:
-                row_bytes = 4 * encoding.n_heads * batch * T * self.LOGIT_TENSORS
+            explicit = self.logits or self.sinks  # whole (B, H, q, k) logits, LOGIT_TENSORS of them
+            row_bytes = 4 * T * (encoding.n_heads * batch * self.LOGIT_TENSORS if explicit else max(1, mask_heads) * mask_batch)
             size = max(1, min(T, max_mask_bytes // row_bytes))
             if self.folded:
                 size = min(size, self.FOLD_ROWS)
             elif self.distance_bias is not None:
                 size = min(size, self.BIAS_ROWS)  # keys [0, qe) per chunk: skips most of the masked upper half
-            self.chunks = query_chunks(T, size, window, self.block)
+            self.chunks = query_chunks(T, size, window, self.block, self.sinks)
         # chunks that need no mask: SDPA's own causal mask is exact for a square chunk from position 0
         self.causal = [not explicit_bias and window is None and not self.logits and qs == 0 and ks == 0
                        for qs, _, ks in self.chunks]
@@ -125,8 +130,13 @@ class AttentionPlan:
             allowed = allowed & (rel > -self.window)
         if self.block is not None:  # keys from the query's previous block on
             allowed = allowed & (k_idx[None, :] >= (q_idx[:, None] // self.block - 1) * self.block)
+        if self.sinks:  # the first S tokens stay visible (ks = 0 with sinks: they are the first columns)
+            allowed = allowed | ((k_idx[None, :] < self.sinks) & (rel <= 0))
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.distance_bias is None):  # else: a constant
             bias = None if self.folded else self.encoding.bias(q_pos, k_pos)  # (1 or B, H, q, k) or None
+            if bias is not None and self.sinks:  # towards the sinks from the query's cache position (class doc)
+                bias = torch.cat((self.encoding.bias(self.cache_positions(q_pos), k_pos[..., :self.sinks]),
+                                  bias[..., self.sinks:]), dim=-1)
         if bias is None:
             mask = torch.zeros(1, 1, *allowed.shape, device=self.pos.device)
         else:
@@ -135,6 +145,9 @@ class AttentionPlan:
         if self._keep_masks:
             self._masks[i] = mask
         return mask.to(dtype)
+
+    def cache_positions(self, q_pos: torch.Tensor) -> torch.Tensor:  # in a cache of S sinks + W recent tokens
+        return q_pos.clamp(max=self.sinks + self.window - 1)
 
     def _bias_factors(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         if i not in self._factors:  # float64 factors, shared by all layers of this forward
@@ -177,3 +190,39 @@ def explicit_attention(encoding: encodings.Encoding, plan: AttentionPlan, i: int
     q_pos, k_pos = plan.chunk_positions(i)
     logits = encoding.attention_logits(q, k, q_pos, k_pos, mask, scale)  # (B, H, q, k), -inf where invisible
     return torch.softmax(logits.float(), dim=-1).to(v.dtype) @ v
+
+
+def sink_window(encoding: encodings.Encoding, window: Optional[int]) -> tuple[int, Optional[int]]:
+    """(S sinks, the window) for this encoding and the model's window: S = 0 without sinks."""
+    if encoding.attention_sinks is None:
+        return 0, window
+    sinks, own = encoding.attention_sinks
+    if own is not None and window is not None and own != window:
+        raise ValueError(f"{encoding.name}: its sink window {own} differs from the model's window {window}")
+    if own is None and window is None:
+        raise ValueError(f"{encoding.name}: attention sinks need a sliding window; name one, e.g. "
+                         f"{encoding.name}+sw64, or evaluate a model trained with one")
+    return sinks, own if own is not None else window
+
+
+def sink_attention(plan: AttentionPlan, i: int, raw: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor,
+                   k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """Chunk i with attention sinks: q (B, H, q, D) rotated at the queries' positions, k, v (B, H, k, D) from
+    key 0 on, ``raw`` the chunk's queries and the sink keys before ``rotate``. Towards the first S keys the
+    logits come from the queries rotated at their cache positions (the bias there is in the mask already).
+    An encoding with ``has_attention_logits`` (CoPE) derives positions from the visible set itself."""
+    encoding = plan.encoding
+    if plan.logits:  # the encoding computes its logits (CoPE): the visible set is what changes
+        return explicit_attention(encoding, plan, i, q, k, v, mask, scale)
+    q_pos, k_pos = plan.chunk_positions(i)
+    logits = q @ k.transpose(-1, -2)  # (B, H, q, k)
+    cache = plan.cache_positions(q_pos)
+    if not torch.equal(cache, q_pos):  # some queries are past the first S + W tokens
+        q_raw, sinks_raw = raw  # (B, H, q, D), (B, H, n, D)
+        n = sinks_raw.shape[-2]
+        # one rotate call for both, so that an encoding whose rotation reads the whole position vector (xPos
+        # centres its scales on it) treats queries and sinks alike: (B, H, q + n, D)
+        both = torch.cat((q_raw, sinks_raw), dim=2)
+        rq, rk = encoding.rotate(both, both, torch.cat((cache, k_pos[:n])))
+        logits[..., :n] = rq[:, :, :-n] @ rk[:, :, -n:].transpose(-1, -2)
+    return torch.softmax(logits.float() * scale + mask, dim=-1).to(v.dtype) @ v

@@ -30,7 +30,7 @@ from torch import nn
 from posenc_bench import encodings
 from posenc_bench.errors import ConfigError
 from posenc_bench.model import distance_bias
-from posenc_bench.model.attention import AttentionPlan, explicit_attention
+from posenc_bench.model.attention import AttentionPlan, explicit_attention, sink_attention
 
 
 @dataclass
@@ -58,6 +58,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(C, dim=2)
         # (B, T, C) -> (B, H, T, D)
         q, k, v = (t.view(B, T, self.n_heads, D).transpose(1, 2) for t in (q, k, v))
+        q_raw, k_raw = q, k  # sink_attention rotates queries again, at their cache positions
         q, k = encoding.rotate(q, k, plan.pos)
         if plan.folded:  # zero channels to match the bias channels folded into q and k, once for all chunks
             v = F.pad(v, (0, plan.fold_channels(D, v.dtype)))  # (B, H, T, D + extra)
@@ -67,7 +68,10 @@ class CausalSelfAttention(nn.Module):
             if plan.folded:
                 qc, kc = plan.fold_bias(i, qc, kc, scale)  # (B, H, *, D + extra channels)
             mask = plan.mask(i, q.dtype)  # None (causal chunk) or (1, H or 1, qe - qs, qe - ks)
-            if plan.logits:  # the encoding computes the logits itself (CoPE)
+            if plan.sinks:  # StreamingLLM's cache: the first S keys plus the window, re-indexed
+                raw = (q_raw[:, :, qs:qe], k_raw[:, :, :min(plan.sinks, qe)])
+                y = sink_attention(plan, i, raw, qc, kc, vc, mask, scale)
+            elif plan.logits:  # the encoding computes the logits itself (CoPE, ReRoPE, Self-Extend)
                 y = explicit_attention(encoding, plan, i, qc, kc, vc, mask, scale)
             elif plan.distance_bias is not None:
                 y = distance_bias.distance_bias_attention(qc, kc, vc, plan.distance_bias, mask, scale, qs, ks)

@@ -50,7 +50,7 @@ def test_overrides_win_over_the_file():
 
 def test_rows_with_windows():
     assert parse_row("rope+sw64") == ("rope", 64)
-    with pytest.raises(ConfigError, match="sw<window>"):
+    with pytest.raises(ConfigError, match=r"<encoding>\+sw<W>"):
         parse_row("rope+w64")
     with pytest.raises(UnknownEncodingError, match="valid encodings"):
         parse_row("ropey+sw4")
@@ -156,5 +156,5 @@ def test_the_models_default_vocabulary_is_the_byte_corpus_vocabulary():
 def test_rows_of_encodings_whose_names_hold_a_plus():
     assert parse_row("xpos+bca") == ("xpos+bca", None)
     assert parse_row("learned+rand+sw8") == ("learned+rand", 8)
-    with pytest.raises(ConfigError, match="sw<window>"):
+    with pytest.raises(ConfigError, match=r"<encoding>\+sw<W>"):
         parse_row("rope+bca")

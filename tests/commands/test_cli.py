@@ -150,7 +150,7 @@ def test_list_and_console_script_exit_codes():
     res = subprocess.run([sys.executable, "-m", "posenc_bench", "list"], capture_output=True, text=True)
     assert res.returncode == 0
     names = [line.split()[0] for line in res.stdout.splitlines()]
-    assert names[:4] == ["sinusoidal", "learned", "rope", "rope-partial"] and names[-2:] == ["fire+rand", "<name>+sw<W>"]
+    assert names[:4] == ["sinusoidal", "learned", "rope", "rope-partial"] and names[-3:] == ["fire+rand", "<name>+sw<W>", "<name>+sink<S>+sw<W>"]
     assert "rope-yarn" in names and "rope-linear-ft" in names and "cope" in names
     lines = {line.split()[0]: line for line in res.stdout.splitlines()}
     assert "relative bias" in lines["fire"] and "arXiv:2310.04418" in lines["fire"]  # family and paper
@@ -216,7 +216,8 @@ def test_interrupted_training_continues_from_its_last_save(tmp_path, capsys, mon
     ("-learned,-rope-linear", ["sinusoidal", "t5", "rope", "alibi", "nope"]),
     ("all,-nope,-rope-ft", ["sinusoidal", "learned", "rope", "rope-partial", "xpos", "xpos+bca", "rope-linear",
                             "rope-ntk", "rope-dynamic", "rope-yarn", "rope-llama3", "rope-linear-ft", "rope-ntk-ft",
-                            "rope-dynamic-ft", "rope-yarn-ft", "rope-llama3-ft", "t5", "alibi", "kerple",
+                            "rope-dynamic-ft", "rope-yarn-ft", "rope-llama3-ft", "rope-rerope", "rope-leaky",
+                            "rope-selfextend", "t5", "alibi", "kerple",
                             "kerple-power", "fire", "cope", "sinusoidal+rand", "learned+rand", "rope+rand",
                             "rope-partial+rand", "xpos+rand", "alibi+rand", "kerple+rand", "kerple-power+rand",
                             "fire+rand"]),

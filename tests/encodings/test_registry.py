@@ -26,7 +26,7 @@ def test_unknown_encoding_names_the_value_and_the_valid_ones():
 
 
 FAMILIES = {"classic absolute", "relative bias", "rotary", "rotary scaling (zero-shot)", "rotary scaling (fine-tuned)",
-            "contextual", "randomized positions", "none"}
+            "rotary fix (zero-shot)", "attention sinks (zero-shot)", "contextual", "randomized positions", "none"}
 
 
 def test_every_encoding_names_its_family_and_paper():
@@ -139,6 +139,7 @@ def test_listing_order_does_not_depend_on_import_order():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == ",".join(NAMES) == (
         "sinusoidal,learned,rope,rope-partial,xpos,xpos+bca,rope-linear,rope-ntk,rope-dynamic,rope-yarn,rope-llama3,"
-        "rope-ft,rope-linear-ft,rope-ntk-ft,rope-dynamic-ft,rope-yarn-ft,rope-llama3-ft,t5,alibi,kerple,kerple-power,"
+        "rope-ft,rope-linear-ft,rope-ntk-ft,rope-dynamic-ft,rope-yarn-ft,rope-llama3-ft,rope-rerope,rope-leaky,"
+        "rope-selfextend,t5,alibi,kerple,kerple-power,"
         "fire,cope,nope,sinusoidal+rand,learned+rand,rope+rand,rope-partial+rand,xpos+rand,alibi+rand,kerple+rand,"
         "kerple-power+rand,fire+rand")

@@ -175,8 +175,11 @@ def test_the_table_is_the_one_source_of_the_scalings():
     for s in SCALING_TABLE:
         zero_shot, tuned = encodings.get_class(f"rope-{s.name}"), encodings.get_class(f"rope-{s.name}-ft")
         assert zero_shot.scaling is s and tuned.scaling is s and tuned.finetuned and not zero_shot.finetuned
+    from posenc_bench.encodings.rope_fixes import PairwiseRoPE  # per-pair positions, not frequencies
+
     assert [n for n in registered if n.startswith("rope-") and n != "rope-ft"
-            and encodings.get_class(n).trained_as == "rope"] == \
+            and encodings.get_class(n).trained_as == "rope"
+            and not issubclass(encodings.get_class(n), PairwiseRoPE)] == \
         [f"rope-{n}" for n in names] + [f"rope-{n}-ft" for n in names]
     llama3 = encodings.get_class("rope-llama3").scaling
     assert hf_rope.LLAMA3_FREQ_FACTORS is LLAMA3_FREQ_FACTORS and llama3.hf_parameters == LLAMA3_FREQ_FACTORS

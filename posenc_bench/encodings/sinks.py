@@ -1,0 +1,70 @@
+"""Attention sinks: ``<encoding>+sink<S>+sw<W>`` and ``<encoding>+sw<W>+sink<S>``.
+
+Xiao, Tian, Chen, Han & Lewis, "Efficient Streaming Language Models with Attention Sinks", ICLR 2024
+(arXiv:2309.17453), sec. 3.2: a model evaluated with a rolling cache of its last W tokens keeps the first S
+tokens ("attention sinks", S = 4 in the paper) in the cache as well, and positions are those within the
+cache, not in the text: with the cache full (query i >= S + W), the sinks sit at 0 .. S - 1 and the recent
+tokens at S .. S + W - 1, so a query sees its recent keys at their true distance and sink s at distance
+S + W - 1 - s, never more than S + W - 1 whatever the length.
+
+- ``<encoding>+sink<S>+sw<W>`` evaluates the encoding's checkpoint trained without a window, zero-shot,
+  with the window and sinks (the paper's use).
+- ``<encoding>+sw<W>+sink<S>`` evaluates the checkpoint trained with that window (row ``<encoding>+sw<W>``)
+  with sinks added.
+
+The class of such a row is the encoding's own class with ``attention_sinks`` set, so it loads the trained
+weights as they are; the model's attention plan applies the visible set and the re-indexing through the
+encoding's hooks (a query's rotation and bias towards the sinks are taken at its cache position). Any
+trained encoding whose positions act inside attention can take sinks; an absolute encoding cannot, since its
+positions are added to the token embeddings and carried in every layer's hidden states, which no cache
+re-indexes (the paper, too, treats RoPE and ALiBi models).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from posenc_bench import encodings
+from posenc_bench.encodings import Encoding, register_pattern
+from posenc_bench.errors import ConfigError
+
+PAPER_SINKS = 4  # the paper's number of sink tokens
+_NAME = re.compile(r"^(?P<base>.+?)\+sink(?P<sinks>[0-9]+)(?:\+sw(?P<window>[0-9]+))?$")
+
+
+def parse(name: str) -> Optional[tuple[str, int, Optional[int]]]:
+    """'rope+sink4+sw64' -> ('rope', 4, 64); 'rope+sink4' -> ('rope', 4, None) (the model's window); else None."""
+    m = _NAME.match(name)
+    if m is None:
+        return None
+    return m["base"], int(m["sinks"]), None if m["window"] is None else int(m["window"])
+
+
+@register_pattern
+def sink_row(name: str) -> Optional[type[Encoding]]:
+    parsed = parse(name)
+    if parsed is None:
+        return None
+    base_name, sinks, window = parsed
+    base = encodings.get_class(base_name)  # an unknown base fails here, listing the valid names
+    sinkable = [n for n in encodings.available() if encodings.get_class(n).trained_as is None
+                and not encodings.get_class(n).positions_in_embedding]
+    if base.trained_as is not None or base.positions_in_embedding:
+        why = (f"it evaluates the trained {base.trained_as!r} model" if base.trained_as is not None else
+               "its positions are added to the token embeddings, which attention cannot re-index")
+        raise ConfigError(f"attention sinks cannot wrap {base_name!r} ({why}); encodings that take them: "
+                          f"{', '.join(sinkable)}")
+    if sinks < 1 or window == 0:
+        raise ConfigError(f"bad attention-sink row {name!r}: need S >= 1 sinks and a window W >= 1, e.g. "
+                          f"rope+sink{PAPER_SINKS}+sw64")
+    where = f"a sliding window of {window} keys" if window else "the window it was trained with"
+    return type(f"{base.__name__}Sink{sinks}" + (f"Sw{window}" if window else ""), (base,), {
+        "__module__": __name__,
+        "trained_as": base_name,
+        "family": "attention sinks (zero-shot)",
+        "attention_sinks": (sinks, window),
+        "summary": f"the trained {base_name} model with {where} plus the first {sinks} tokens, positions "
+                   f"re-indexed within the cache (StreamingLLM), zero-shot; Xiao et al. 2024",
+        "paper": f"Xiao et al., ICLR 2024, StreamingLLM (arXiv:2309.17453), over {base.paper}",
+    })
