@@ -11,6 +11,8 @@ S + W - 1 - s, never more than S + W - 1 whatever the length.
   with the window and sinks (the paper's use).
 - ``<encoding>+sw<W>+sink<S>`` evaluates the checkpoint trained with that window (row ``<encoding>+sw<W>``)
   with sinks added.
+- ``<encoding>+sink0+sw<W>`` is the paper's control, window attention: the same zero-shot window with no
+  sinks (the first tokens are evicted like any other), which the paper finds collapses once they are.
 
 The class of such a row is the encoding's own class with ``attention_sinks`` set, so it loads the trained
 weights as they are; the model's attention plan applies the visible set and the re-indexing through the
@@ -55,9 +57,8 @@ def sink_row(name: str) -> Optional[type[Encoding]]:
                "its positions are added to the token embeddings, which attention cannot re-index")
         raise ConfigError(f"attention sinks cannot wrap {base_name!r} ({why}); encodings that take them: "
                           f"{', '.join(sinkable)}")
-    if sinks < 1 or window == 0:
-        raise ConfigError(f"bad attention-sink row {name!r}: need S >= 1 sinks and a window W >= 1, e.g. "
-                          f"rope+sink{PAPER_SINKS}+sw64")
+    if window == 0:
+        raise ConfigError(f"bad attention-sink row {name!r}: need a window W >= 1, e.g. rope+sink{PAPER_SINKS}+sw64")
     where = f"a sliding window of {window} keys" if window else "the window it was trained with"
     return type(f"{base.__name__}Sink{sinks}" + (f"Sw{window}" if window else ""), (base,), {
         "__module__": __name__,
