@@ -248,7 +248,8 @@ def compare_table(runs: Sequence[Run], ref: str, intervals: dict[str, Intervals]
                 table.cells[row, j] = Cell()
                 continue
             table.cells[row, j] = Cell("ok", c.interval.value, lo=c.interval.lo, hi=c.interval.hi,
-                                       significant=c.significant, note="†" if c.kind == "text-only" else "")
+                                       significant=c.significant,
+                                       note="†" if c.kind == "text-only" else "*" if c.significant else "")
     table.rows = [r for r in rows if any(table.cells[r, j].status == "ok" for j in range(len(columns)))]
     return table
 

@@ -71,9 +71,9 @@ class AttentionPlan:
                  batch: int = 1):
         self.encoding = encoding
         self.pos = pos  # (T,) or (B, T)
-        self.sinks, window = sink_window(encoding, window)
-        self.window = window
         T = pos.shape[-1]
+        self.sinks, window = sink_window(encoding, window, T)
+        self.window = window
         # token indices for causality and windows: the positions themselves when they are the plain (T,) ones
         self.index = pos if pos.dim() == 1 else torch.arange(T, device=pos.device)
         self.block = encoding.attention_block(T)
@@ -192,8 +192,10 @@ def explicit_attention(encoding: encodings.Encoding, plan: AttentionPlan, i: int
     return torch.softmax(logits.float(), dim=-1).to(v.dtype) @ v
 
 
-def sink_window(encoding: encodings.Encoding, window: Optional[int]) -> tuple[int, Optional[int]]:
-    """(S sinks, the window) for this encoding and the model's window: S = 0 without sinks."""
+def sink_window(encoding: encodings.Encoding, window: Optional[int], length: Optional[int] = None
+                ) -> tuple[int, Optional[int]]:
+    """(S sinks, the window) for this encoding and the model's window: S = 0 without sinks. For windows of
+    ``length`` <= S + W tokens the cache holds them whole: (0, None), plain causal attention."""
     if encoding.attention_sinks is None:
         return 0, window
     sinks, own = encoding.attention_sinks
@@ -202,7 +204,8 @@ def sink_window(encoding: encodings.Encoding, window: Optional[int]) -> tuple[in
     if own is None and window is None:
         raise ValueError(f"{encoding.name}: attention sinks need a sliding window; name one, e.g. "
                          f"{encoding.name}+sw64, or evaluate a model trained with one")
-    return sinks, own if own is not None else window
+    window = own if own is not None else window
+    return (0, None) if sinks and length is not None and length <= sinks + window else (sinks, window)
 
 
 def sink_attention(plan: AttentionPlan, i: int, raw: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor,

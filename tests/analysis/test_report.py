@@ -307,7 +307,8 @@ def test_compare_table_and_its_marks(tmp_path, capsys):
     ntk = report.compare_table([report.Run("", "", unit_results())], "rope",
                                report.run_intervals([report.Run("", "", unit_results())]))
     c = ntk.cells["rope-ntk", 1]  # the same model: a paired comparison with one seed, 1.1 / 1.3 of the NLL
-    assert c.significant is True and c.hi < 1 and c.note == ""
+    assert c.significant is True and c.hi < 1 and c.note == "*"
+    assert lines["rope-ntk"].rstrip(" |").endswith("] *")  # the mark the title promises, printed
     assert ntk.cells["alibi", 1].note == "†" and ntk.cells["alibi", 1].significant is None
     assert "† text-only interval" in out
     assert main(["report", str(folder), "--compare", "t5"]) == 2

@@ -267,3 +267,16 @@ def test_the_generated_class_is_the_base_with_sinks_and_loads_its_weights(base):
         model.load_state_dict(trained.state_dict())  # strict
         for key, value in trained.state_dict().items():
             assert torch.equal(model.state_dict()[key], value), key
+
+
+def test_a_window_that_fits_in_the_cache_is_the_base_model_bitwise():
+    """T <= S + W: nothing is evicted and no position moves, so the row takes the base model's own path."""
+    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=2)
+    for base in ("rope", "alibi", "t5"):
+        plain = DecoderLM(cfg, base, 16, seed=0).eval()
+        sinks = DecoderLM(cfg, f"{base}+sink4+sw12", 16, seed=0).eval()
+        sinks.load_state_dict(plain.state_dict())
+        idx = torch.randint(0, 256, (2, 16))
+        with torch.no_grad():
+            assert torch.equal(sinks(idx), plain(idx)), base
+            assert not torch.equal(sinks(torch.cat((idx, idx), 1)), plain(torch.cat((idx, idx), 1))), base

@@ -215,13 +215,17 @@ def test_own_checkpoint_gives_the_numbers_run_wrote(tmp_path):
     assert main(["run", *micro, "--encodings", "rope", "--eval-lens", "1,2x", "--out", str(run_out)]) == 0
     ran = json.loads((run_out / "results.json").read_text())["records"]
     out = tmp_path / "eval"
-    assert main(["eval", "--model", str(run_out / "checkpoints" / "rope-seed0"), "--rope-scaling", "linear,yarn",
-                 "--out", str(out), "--progress", "off"]) == 0
+    assert main(["eval", "--model", str(run_out / "checkpoints" / "rope-seed0"), "--rope-scaling",
+                 "linear,yarn,rerope,selfextend,sink2+sw30", "--out", str(out), "--progress", "off"]) == 0
     got = json.loads((out / "results.json").read_text())["records"]
     by_row = {}
     for r in got:
         by_row.setdefault(r["encoding"], {})[r["eval_len"]] = r
-    assert set(by_row) == {"rope", "rope-linear", "rope-yarn"}
+    assert set(by_row) == {"rope", "rope-linear", "rope-yarn", "rope-rerope", "rope-selfextend", "rope+sink2+sw30"}
+    # the zero-shot fixes: plain rope where they change nothing (Self-Extend and sinks at 1x), their own rule past it
+    for row in ("rope-selfextend", "rope+sink2+sw30"):
+        assert by_row[row][32]["ppl"] == by_row["rope"][32]["ppl"] and by_row[row][64]["ppl"] != by_row["rope"][64]["ppl"]
+    assert by_row["rope-rerope"][32]["ppl"] != by_row["rope"][32]["ppl"]  # w = 16 < 32: clipped at 1x already
     for r in ran:
         mine = by_row["rope"][r["eval_len"]]
         assert (mine["ppl"], mine["bpb"], mine["tokens"], mine["eval_fingerprint"]) == (
@@ -236,6 +240,9 @@ def test_own_checkpoint_gives_the_numbers_run_wrote(tmp_path):
     (["--model", "results/nothing-here"], "expected hf:"),
     (["--model", "hf:x.gguf"], "no GGUF file"),
     (["--model", "hf:{llama}", "--rope-scaling", "ntk"], "valid: linear, dynamic, yarn, llama3"),
+    (["--model", "hf:{llama}", "--rope-scaling", "rerope"], "not available for Hugging Face models"),
+    (["--model", "hf:{llama}", "--rope-scaling", "yarn,sink4+sw64"], "--rope-scaling sink4+sw64: not available"),
+    (["--model", "hf:{llama}", "--rope-scaling", "bogus"], "valid: linear, dynamic, yarn, llama3, ntk, rerope, leaky, selfextend, sink<S>+sw<W>"),
     (["--model", "hf:{llama}", "--precision", "fp8"], "valid: fp32, bf16, fp16"),
     (["--model", "hf:{llama}", "--doc-sep", "<nope>"], "is not a token of this tokenizer"),
 ])
