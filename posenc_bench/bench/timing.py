@@ -512,11 +512,16 @@ def eval_peak_memory(name: str, device: torch.device, train_len: int, length: in
     import subprocess
     import sys
 
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]))}
+    # the folder that holds this posenc_bench package (not the package itself: its encodings/ would shadow
+    # the standard library's and the interpreter would not start)
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536",
+           "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH", "")]))}
     proc = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, name, str(train_len), str(length), str(batch),
                            str(torch.get_num_threads())], capture_output=True, text=True, env=env)
     if proc.returncode:
-        return None
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"the peak-memory forward of {name!r} failed: {last}")
     return json.loads(proc.stdout.strip().splitlines()[-1])["peak_extra_bytes"]
 
 

@@ -4,6 +4,7 @@ import csv
 import json
 
 import pytest
+from pathlib import Path
 import torch
 
 from posenc_bench.commands.cli import main
@@ -126,6 +127,12 @@ def test_cuda_run_records_the_gpu(tmp_path):
 def test_eval_peak_memory_is_measured_per_encoding():
     from posenc_bench.bench.timing import eval_peak_memory
 
-    peak = eval_peak_memory("nope", torch.device("cpu"), 16, 64, 2)
-    assert peak is None or (isinstance(peak, int) and peak >= 0)
+    if not Path("/proc/self/clear_refs").exists():  # no way to reset the peak RSS here
+        assert eval_peak_memory("nope", torch.device("cpu"), 16, 64, 2) is None
+        return
+    fused = eval_peak_memory("nope", torch.device("cpu"), 64, 256, 2)
+    explicit = eval_peak_memory("rope-rerope", torch.device("cpu"), 64, 256, 2)  # whole (B, H, q, k) logits
+    assert isinstance(fused, int) and fused > 0 and explicit > fused
+    with pytest.raises(RuntimeError, match="peak-memory forward of 'no-such-row' failed"):
+        eval_peak_memory("no-such-row", torch.device("cpu"), 16, 64, 2)
 
