@@ -4,7 +4,9 @@ Reading order: config -> attention -> block -> model. The model calls the encodi
 which encoding it has:
   positions(B, T) once per forward; embed(x, pos) once after the token embedding; rotate(q, k, pos) in every
   layer; bias(q_pos, k_pos) for the attention logits (shared by all layers); attention_logits(...) per query
-  chunk for an encoding that computes the logits itself (``has_attention_logits``, CoPE).
+  chunk for an encoding that computes the logits itself (``has_attention_logits``: CoPE, ReRoPE, Self-Extend).
+  An encoding with ``attention_sinks`` (StreamingLLM rows) gets the same hooks, called again for the queries'
+  cache positions towards the sinks (``attention.sink_attention``).
 Attention is ``F.scaled_dot_product_attention``: on its fused causal path (``is_causal=True``) when the
 encoding has no bias and there is no sliding window; a bias that is low-rank up to per-row constants (ALiBi,
 ``has_low_rank_bias``) is folded into extra q/k channels and stays on the fused kernels; any other bias or a
