@@ -50,9 +50,9 @@ def sink_row(name: str) -> Optional[type[Encoding]]:
         return None
     base_name, sinks, window = parsed
     base = encodings.get_class(base_name)  # an unknown base fails here, listing the valid names
-    sinkable = [n for n in encodings.available() if encodings.get_class(n).trained_as is None
-                and not encodings.get_class(n).positions_in_embedding]
     if base.trained_as is not None or base.positions_in_embedding:
+        sinkable = [n for n in encodings.available() if encodings.get_class(n).trained_as is None
+                    and not encodings.get_class(n).positions_in_embedding]
         why = (f"it evaluates the trained {base.trained_as!r} model" if base.trained_as is not None else
                "its positions are added to the token embeddings, which attention cannot re-index")
         raise ConfigError(f"attention sinks cannot wrap {base_name!r} ({why}); encodings that take them: "
