@@ -33,7 +33,7 @@ from typing import ClassVar, Optional
 import torch
 
 from posenc_bench.encodings import register
-from posenc_bench.encodings.rope import RoPE, apply_rotary, rope_cos_sin_halves
+from posenc_bench.encodings.rope import RoPE, apply_rotary
 
 
 class PairwiseRoPE(RoPE):
@@ -69,8 +69,7 @@ class PairwiseRoPE(RoPE):
 
     def rotated(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """x (B, H, T, D) rotated by the angles of positions pos (T,), integer or not."""
-        cos, sin = rope_cos_sin_halves(pos, self.inv_freq, self.attention_scale)  # (T, D/2)
-        return apply_rotary(x, cos.to(x.dtype), sin.to(x.dtype))
+        return apply_rotary(x, *self.cos_sin(pos, x.dtype))  # cos, sin (T, D/2)
 
     def attention_logits(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
                          mask: torch.Tensor, scale: float) -> torch.Tensor:
