@@ -27,7 +27,7 @@ from typing import Iterable
 
 import torch
 
-from posenc_bench.errors import DataError
+from posenc_bench.errors import ConfigError, DataError
 
 BOS = 256
 VOCAB_SIZE = 257
@@ -56,6 +56,15 @@ class Corpus:
             if text:  # an empty file is a document of no bytes (frombuffer refuses an empty buffer)
                 parts.append(torch.frombuffer(bytearray(text), dtype=torch.uint8).to(torch.int16))
         return torch.cat(parts)
+
+    def documents(self, split: str) -> list[tuple[str, bytes]]:
+        """The documents of ``split``, or of every split for "all" (test, valid, train: a pretrained model was
+        trained on none of them, so all are held out from it)."""
+        if split == "all":
+            return [d for s in ("test", "valid", "train") for d in self.splits[s]]
+        if split not in self.splits:
+            raise ConfigError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}, all")
+        return self.splits[split]
 
     def describe(self) -> dict:
         return {
@@ -192,6 +201,21 @@ def eval_segments(stream: torch.Tensor, segment_len: int, n_targets: int) -> tor
         )
     idx = torch.arange(n_segments)[:, None] * segment_len + torch.arange(segment_len + 1)[None, :]
     return stream[idx].long()  # (n_segments, segment_len + 1)
+
+
+def document_segments(docs: list[torch.Tensor], segment_len: int, n_targets: int) -> torch.Tensor:
+    """Like ``eval_segments``, but no segment crosses a document: consecutive segments of each document (in
+    order) that has at least ``segment_len + 1`` tokens, so every window of every length sees one document."""
+    n_segments = max(1, -(-n_targets // segment_len))
+    out = []
+    for doc in docs:
+        for start in range(0, doc.numel() - segment_len, segment_len):
+            out.append(doc[start : start + segment_len + 1])
+            if len(out) == n_segments:
+                return torch.stack(out).long()  # (n_segments, segment_len + 1)
+    raise DataError(f"{len(docs)} documents of at least {segment_len + 1} tokens hold {len(out)} segment(s) of "
+                    f"{segment_len} tokens, {n_segments} needed for {n_targets} target tokens; lower the eval tokens "
+                    "or use a corpus of longer documents")
 
 
 def tokens_fingerprint(tokens: torch.Tensor) -> str:

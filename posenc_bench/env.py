@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import platform
+import re
 import subprocess
 from importlib import metadata
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
@@ -80,3 +82,45 @@ def version_of(package: str) -> Optional[str]:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return None
+
+
+# ---- peak memory ------------------------------------------------------------------------------------------
+
+def process_memory(key: str = "VmRSS") -> Optional[int]:
+    """A /proc/self/status figure in bytes (VmRSS: resident now, VmHWM: the peak since the last reset); None off Linux."""
+    try:
+        text = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    match = re.search(key + r":\s+(\d+) kB", text)
+    return int(match.group(1)) * 1024 if match else None
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's peak RSS (VmHWM) to its current RSS (Linux >= 4.0: /proc/self/clear_refs); False
+    where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def peak_memory(device: torch.device) -> Iterator[dict]:
+    """Peak memory of the block, filled in on exit: ``peak_memory_bytes`` and what it counts
+    (``peak_memory_kind``): on CUDA the allocator's peak; on CPU the process's peak RSS (everything resident:
+    weights and data included; freed memory the allocator keeps counts until reused), None off Linux."""
+    out: dict = {"peak_memory_bytes": None, "peak_memory_kind": None}
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        yield out
+        torch.cuda.synchronize(device)
+        out.update(peak_memory_bytes=torch.cuda.max_memory_allocated(device), peak_memory_kind="cuda max allocated")
+        return
+    ok = reset_peak_rss()
+    yield out
+    if ok:
+        out.update(peak_memory_bytes=process_memory("VmHWM"), peak_memory_kind="process peak RSS")

@@ -182,4 +182,6 @@ def _units_problem(records: list[dict]) -> str:
     shapes = {(r["units"]["size"], tuple(r["units"]["tokens"])) for r in ok if r.get("units")}
     if len(shapes) > 1:
         return "the records' units are not the same text"
+    if len(next(iter(shapes))[1]) < 2:  # a bootstrap of one unit has no spread: no interval, no finding
+        return "one resampling unit holds all the eval text: score more text, or use a smaller unit"
     return ""

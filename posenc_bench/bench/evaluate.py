@@ -66,6 +66,13 @@ def windows(segments: torch.Tensor, length: int, stride: Optional[int] = None
     return out
 
 
+def documents_per_window(doc_index: torch.Tensor, length: int, stride: Optional[int] = None) -> float:
+    """Mean number of documents the inputs of a window of ``length`` span: ``doc_index`` (N, S + 1), the
+    document of each token of the segments (non-decreasing along a segment, as the stream is)."""
+    spans = [inputs.max(1).values - inputs.min(1).values + 1 for inputs, _, _ in windows(doc_index, length, stride)]
+    return float(torch.cat(spans).double().mean())  # spans (N,) per window offset
+
+
 def logits_nll(forward: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """``forward(idx) -> logits (b, l, V)`` as ``nll(inputs, targets) -> (b, l)`` NLL per target (float32 softmax)."""
 

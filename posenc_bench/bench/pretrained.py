@@ -29,16 +29,18 @@ import torch
 from posenc_bench import encodings
 from posenc_bench.bench import checkpoint
 from posenc_bench.bench.config import DEFAULT_EVAL_LENS, RunConfig, load_run_corpus, parse_eval_lens, row_name, validate
-from posenc_bench.bench.evaluate import EvalSet, Scoring, evaluate_length, evaluate_model, segment_length
+from posenc_bench.bench.evaluate import (EvalSet, Scoring, documents_per_window, evaluate_length, evaluate_model,
+                                         segment_length)
 from posenc_bench.bench.keys import eval_key
 from posenc_bench.bench.records import (ResultsFolder, ResultsStore, measured, new_record, not_measured, run_meta,
                                         summary_line)
 from posenc_bench.bench.runtime import Runtime
-from posenc_bench.data import Corpus, eval_segments, load_corpus
-from posenc_bench.env import device_description, resolve_device, version_of
-from posenc_bench.errors import ConfigError, PosencError, PositionOutOfRange
+from posenc_bench.data import Corpus, document_segments, eval_segments, load_corpus
+from posenc_bench.env import device_description, peak_memory, resolve_device, version_of
+from posenc_bench.errors import ConfigError, DataError, PosencError, PositionOutOfRange
 from posenc_bench.files import file_hash
 from posenc_bench.hf.model import HFModel, ModelSpec, resolve_model
+from posenc_bench.hf import attention as hf_attention
 from posenc_bench.hf import rope as hf_rope
 from posenc_bench.hf.rope import scaled_max_positions, scaling_parameters
 from posenc_bench.hf.tokenize import document_separator, tokenize_documents
@@ -62,6 +64,10 @@ class EvalOptions:
     precision: Optional[str] = None  # None: fp32 for a Hugging Face model, a checkpoint's own config
     trust_remote_code: bool = False
     doc_sep: str = "auto"
+    split: str = "test"  # a Hugging Face model's text: test, valid, train or all (it trained on none of them)
+    long_docs: bool = False  # only documents at least as long as a segment, no window crossing a document
+    unit: Optional[int] = None  # resampling unit in targets (None: the longest eval length)
+    segment_len: Optional[int] = None  # tokens per eval segment (None: evaluate.segment_length of the lengths)
     fresh: bool = False
     show_progress: Optional[bool] = None
 
@@ -99,14 +105,31 @@ def _evaluate_rows(folder: ResultsFolder, run: dict, fresh: bool, evaluate_row: 
 class _HFText:
     segments: torch.Tensor  # (N, S + 1) token ids of the model's tokenizer
     token_bytes: torch.Tensor  # the same shape: UTF-8 bytes behind each token
+    doc_index: torch.Tensor  # the same shape: which document each token belongs to
     separator: Optional[int]
     separator_how: str
+    documents: int  # documents the segments were cut from
 
 
-def _hf_text(hf: HFModel, corpus: Corpus, S: int, eval_tokens: int, doc_sep: str) -> _HFText:
-    sep, sep_how = document_separator(hf.tokenizer, doc_sep)
-    tokens, nbytes = tokenize_documents(hf.tokenizer, corpus.splits["test"], sep, -(-eval_tokens // S) * S + 1)
-    return _HFText(eval_segments(tokens, S, eval_tokens), eval_segments(nbytes, S, eval_tokens), sep, sep_how)
+def _hf_text(hf: HFModel, corpus: Corpus, S: int, eval_tokens: int, opts: EvalOptions) -> _HFText:
+    """The eval segments through the model's tokenizer: cut from the stream of the split's documents, or
+    (``long_docs``) from inside the documents of at least S + 1 tokens, one document per segment."""
+    sep, sep_how = document_separator(hf.tokenizer, opts.doc_sep)
+    docs = corpus.documents(opts.split)
+    need = -(-eval_tokens // S) * S + 1
+    if not opts.long_docs:
+        tokens, nbytes, index = tokenize_documents(hf.tokenizer, docs, sep, need)
+        parts = [eval_segments(t, S, eval_tokens) for t in (tokens, nbytes, index)]
+    else:
+        tokens, nbytes, index = tokenize_documents(hf.tokenizer, docs, sep, 1 << 62, min_doc_tokens=S + 1)  # all of them
+        if tokens.numel() == 0:
+            raise DataError(f"no document of the {opts.split!r} split of {corpus.source!r} has {S + 1} tokens "
+                            f"(--long-docs: one segment is {S + 1} tokens); use longer documents"
+                            f"{'' if opts.split == 'all' else ', or --split all'}")
+        counts = torch.unique_consecutive(index, return_counts=True)[1].tolist()
+        parts = [document_segments(list(t.split(counts)), S, eval_tokens) for t in (tokens, nbytes, index)]
+    segments, token_bytes, doc_index = parts
+    return _HFText(segments, token_bytes, doc_index, sep, sep_how, int(torch.unique(doc_index).numel()))
 
 
 def eval_hf(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], None] = print) -> tuple[Path, dict]:
@@ -125,39 +148,51 @@ def eval_hf(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], None] = pri
     if opts.train_len:
         len_source = f"--train-len (the model's own: {own_len} from {len_source})"
     lengths = parse_eval_lens(opts.eval_lens or list(DEFAULT_EVAL_LENS), train_len)
-    text = _hf_text(hf, corpus, segment_length(lengths), eval_tokens, opts.doc_sep)
+    unit = opts.unit or max(lengths)
+    if unit < 1 or unit > max(lengths):
+        raise ConfigError(f"--unit {unit}: the resampling unit is 1 .. the longest eval length {max(lengths)} targets")
+    S = opts.segment_len or segment_length(lengths)
+    if S < max(lengths):
+        raise ConfigError(f"--segment-len {S}: a segment holds at least one window of the longest length {max(lengths)}")
+    text = _hf_text(hf, corpus, S, eval_tokens, opts)
     model_info = hf.describe()
     row = f"hf:{spec.name}"
     run = run_meta(
         kind="eval", model=model_info, train_len_source=len_source, rows=[row] + [f"{row}+{s}" for s in opts.rope_scaling],
         train_len=train_len, eval_lengths=lengths, segments=text.segments, corpus=corpus.describe(),
         device=device_description(device), eval_bytes=int(text.token_bytes[:, 1:].sum()), doc_separator=text.separator_how,
-        config={"data": {"source": corpus.source}, "eval": {"tokens": eval_tokens, "lens": opts.eval_lens, "split": "test",
-                "position_buckets": HF_BUCKETS}, "rope_scaling": list(opts.rope_scaling), "seeds": [0]},
+        eval_documents=text.documents,
+        config={"data": {"source": corpus.source}, "eval": {"tokens": eval_tokens, "lens": opts.eval_lens, "split": opts.split,
+                "long_docs": opts.long_docs, "unit": unit, "position_buckets": HF_BUCKETS},
+                "rope_scaling": list(opts.rope_scaling), "seeds": [0]},
         params=model_info["params"], load_time_s=round(time.perf_counter() - t0, 2),
         versions={p: version_of(p) for p in ("tokenizers", "gguf", "accelerate")})
     ident = {"model": {k: model_info.get(k) for k in ("ref", "gguf_file", "dtype", "file_sha256", "files_sha256", "hub_commit")},
              "train_len": train_len, "lengths": lengths, "corpus": corpus.fingerprint,
-             "eval_fingerprint": run["eval_fingerprint"], "doc_sep": text.separator, "buckets": HF_BUCKETS}
+             "eval_fingerprint": run["eval_fingerprint"], "doc_sep": text.separator, "buckets": HF_BUCKETS, "unit": unit}
     key = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
     out = Path(opts.out or f"results/eval-{_slug(spec.name)}")
     log(f"posenc-bench eval: {row} ({model_info['class']}, {model_info['params']:,} parameters, {model_info['dtype']}), "
         f"train length {train_len} from {len_source}; lengths {lengths}; {run['eval_tokens']:,} target tokens "
-        f"({run['eval_bytes']:,} bytes) each; device {run['device']}; out {out}")
+        f"({run['eval_bytes']:,} bytes, {text.documents} documents) each; device {run['device']}; out {out}")
     rows = _HFRows(hf, run, text, key, opts.show_progress, log)
     data = _evaluate_rows(ResultsFolder(out), run, opts.fresh, rows.evaluate)
     return out, data
 
 
 class _HFRows:
-    """The rows of one Hugging Face model: the model itself, then each RoPE scaling of it."""
+    """The rows of one Hugging Face model: the model itself, then each zero-shot row of it: a frequency
+    scaling through transformers' own rope_parameters (``hf/rope.py``), or one of our rows of the trained rope
+    model with its attention rerouted through our encoding (``hf/attention.py``)."""
 
     def __init__(self, hf: HFModel, run: dict, text: _HFText, key: str, show_progress: Optional[bool],
                  log: Callable[[str], None]) -> None:
         self.hf, self.run, self.text, self.key, self.show_progress, self.log = hf, run, text, key, show_progress, log
         self.base = run["rows"][0]
-        self.unscaled: dict[int, dict] = {}  # length -> the unscaled row's result (reused where a scaling is the identity)
+        self.unscaled: dict[int, dict] = {}  # length -> the unscaled row's result (reused where a row is the identity)
         self.scaling_of = {self.base: None, **{f"{self.base}+{s}": s for s in run["config"]["rope_scaling"]}}
+        self.scoring = {L: Scoring(L, HF_BUCKETS, max(run["eval_lengths"]), unit=run["config"]["eval"]["unit"])
+                        for L in run["eval_lengths"]}
 
     def evaluate(self, store: ResultsStore, row: str) -> None:
         scaling, lengths = self.scaling_of[row], self.run["eval_lengths"]
@@ -167,14 +202,14 @@ class _HFRows:
             if scaling is None:
                 self.unscaled.update({d["eval_len"]: d for d in done if d["status"] == "ok"})
             return
-        records = [self._record(row, scaling, L) for L in lengths]
+        records = [self._record(row, scaling, L) for L in sorted(lengths)]  # shortest first: peak RSS grows
         self.log(summary_line(row, records))
         store.put_cell(row, 0, records)
 
     def _record(self, row: str, scaling: Optional[str], L: int) -> dict:
-        hf, train_len, info = self.hf, self.run["train_len"], self.run["model"]
+        hf, info = self.hf, self.run["model"]
         rec = new_record(self.run, row, 0, L, base_encoding=self.base, scaling=scaling, rope_parameters=None,
-                         eval_key=self.key,
+                         eval_key=self.key, documents_per_window=documents_per_window(self.text.doc_index, L),
                          model={k: info.get(k) for k in ("ref", "gguf_file", "file_sha256", "files_sha256", "hub_commit", "dtype")})
         limit = hf.position_limit()
         if scaling is not None and hf.rope_problem():
@@ -182,24 +217,47 @@ class _HFRows:
         if limit is not None and L > limit:
             return not_measured(rec, "n/a", f"{info['class']} has an absolute position table of {limit} positions "
                                             f"(max_position_embeddings): no position {limit} or later")
-        factor = max(1.0, L / train_len)
-        params = None if scaling is None else scaling_parameters(hf.rope_parameters(), scaling, factor, train_len)
-        rec["rope_parameters"] = params
         try:
-            with hf.scaled(params, scaled_max_positions(scaling or "", factor, train_len)):
-                if scaling is not None and L in self.unscaled and hf.scaling_is_identity(L):
-                    res = {**self.unscaled[L], "eval_time_s": 0.0}  # bit-identical frequencies: the unscaled numbers
-                    rec["same_as"] = self.base
-                else:
-                    res = evaluate_length(None, self.text.segments, L, Scoring(L, HF_BUCKETS, max(self.run["eval_lengths"]),
-                                                  unit=max(self.run["eval_lengths"])),
-                                          show_progress=self.show_progress, token_bytes=self.text.token_bytes,
-                                          device=hf.device, nll_fn=hf.nll)
+            if scaling is None or scaling in hf_rope.SCALINGS:
+                res = self._frequency_scaled(rec, scaling, L)
+            else:
+                res = self._rerouted(rec, scaling, L)
         except PosencError as e:
             return not_measured(rec, "n/a", str(e))
         if scaling is None:
             self.unscaled[L] = res
         return measured(rec, res)
+
+    def _score(self, L: int, **kwargs) -> dict:
+        with peak_memory(self.hf.device) as memory:
+            res = evaluate_length(None, self.text.segments, L, self.scoring[L], show_progress=self.show_progress,
+                                  token_bytes=self.text.token_bytes, device=self.hf.device,
+                                  nll_fn=lambda x, y: self.hf.nll(x, y, **kwargs))
+        return {**res, **memory}
+
+    def _same_as_base(self, rec: dict, L: int) -> dict:
+        rec["same_as"] = self.base  # the row computes what the unscaled model computes here: its numbers
+        return {**self.unscaled[L], "eval_time_s": 0.0, "peak_memory_bytes": None, "peak_memory_kind": None}
+
+    def _frequency_scaled(self, rec: dict, scaling: Optional[str], L: int) -> dict:
+        train_len = self.run["train_len"]
+        factor = max(1.0, L / train_len)
+        params = None if scaling is None else scaling_parameters(self.hf.rope_parameters(), scaling, factor, train_len)
+        rec["rope_parameters"] = params
+        with self.hf.scaled(params, scaled_max_positions(scaling or "", factor, train_len)):
+            if scaling is not None and L in self.unscaled and self.hf.scaling_is_identity(L):
+                return self._same_as_base(rec, L)  # bit-identical frequencies
+            return self._score(L)
+
+    def _rerouted(self, rec: dict, scaling: str, L: int) -> dict:
+        encoding = hf_attention.build_encoding(variant_of("rope", scaling), self.hf.config, self.hf.rotary,
+                                               self.run["train_len"])
+        encoding.set_eval_length(L)
+        rec["rerouted"] = hf_attention.describe(encoding)
+        if L in self.unscaled and hf_attention.is_plain_rope(encoding, L):
+            return self._same_as_base(rec, L)
+        with hf_attention.rerouted(self.hf.model, self.hf.rotary):
+            return self._score(L, posenc=hf_attention.Rerouted(encoding))
 
 
 # ---- our own checkpoints ----------------------------------------------------------------------------------
@@ -207,6 +265,11 @@ class _HFRows:
 def _checkpoint_config(ckpt: checkpoint.Checkpoint, opts: EvalOptions) -> RunConfig:
     """The checkpoint's run config with this eval's overrides, validated."""
     cfg = ckpt.config
+    hf_only = [flag for flag, on in (("--split", opts.split != "test"), ("--long-docs", opts.long_docs),
+                                     ("--unit", opts.unit is not None), ("--segment-len", opts.segment_len is not None)) if on]
+    if hf_only:
+        raise ConfigError(f"{hf_only[0]} applies to Hugging Face models; a checkpoint is evaluated on its config's "
+                          f"test split and units (set eval.* in its config instead)")
     if opts.precision not in (None, cfg.precision):
         raise ConfigError(f"--precision {opts.precision}: this checkpoint was trained and is evaluated at "
                           f"{cfg.precision} (its config's precision)")
@@ -223,11 +286,16 @@ def _checkpoint_config(ckpt: checkpoint.Checkpoint, opts: EvalOptions) -> RunCon
     return cfg
 
 
+def variant_of(trained: str, scaling: str) -> str:
+    """The registered encoding of a zero-shot row of ``trained``: rope-yarn, rope-selfextend, rope+sink4+sw124."""
+    return f"{trained}+{scaling}" if scaling.startswith("sink") else f"{trained}-{scaling}"
+
+
 def _variant_rows(trained: str, window: Optional[int], scalings: list[str]) -> list[tuple[str, Optional[str], str]]:
     """(row, registered encoding or None, reason when None): the checkpoint's own row, then one per scaling."""
     rows: list[tuple[str, Optional[str], str]] = [(row_name(trained, window), trained, "")]
     for s in scalings:
-        variant = f"{trained}+{s}" if s.startswith("sink") else f"{trained}-{s}"  # rope+sink4+sw124, rope-yarn
+        variant = variant_of(trained, s)
         try:
             known = encodings.get_class(variant).trained_as == trained
         except ConfigError:

@@ -79,7 +79,8 @@ class ResultsStore:
 
 # ---- the record ----------------------------------------------------------------------------------------
 
-MEASURED = ("ppl", "bpb", "loss", "tokens", "bytes", "loss_by_position", "units", "eval_time_s")
+MEASURED = ("ppl", "bpb", "loss", "tokens", "bytes", "loss_by_position", "units", "eval_time_s", "peak_memory_bytes",
+            "peak_memory_kind")
 
 
 def new_record(run: dict, row: str, seed: int, eval_len: int, **fields: Any) -> dict:

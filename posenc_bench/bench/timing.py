@@ -470,21 +470,21 @@ def write_outputs(result: dict, out: Path | str) -> Path:
 
 
 _PEAK_SCRIPT = r"""
-import gc, json, re, sys, torch
+import gc, json, sys, torch
+from posenc_bench.env import process_memory, reset_peak_rss
 from posenc_bench.model.transformer import DecoderLM, ModelConfig
 name, train_len, length, batch, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 torch.set_num_threads(threads)
-status = lambda key: int(re.search(key + r":\s+(\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
 model = DecoderLM(ModelConfig(), name, train_len, seed=0).eval()
 model.encoding.set_eval_length(length)
 x = torch.randint(0, 256, (batch, length))
 with torch.inference_mode():
     model(x)  # warm-up at full size: workspaces, caches
     gc.collect()
-    open("/proc/self/clear_refs", "w").write("5")  # reset the peak RSS (VmHWM) to the current RSS
-    before = status("VmRSS")
+    reset_peak_rss()  # the peak RSS (VmHWM) is now the current RSS
+    before = process_memory("VmRSS")
     model(x)
-    peak = status("VmHWM")
+    peak = process_memory("VmHWM")
 print(json.dumps({"peak_extra_bytes": max(0, peak - before)}))
 """
 

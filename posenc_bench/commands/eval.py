@@ -13,11 +13,20 @@ def add_parser(sub) -> argparse.ArgumentParser:
     e.add_argument("--model", required=True,
                    help="hf:<local folder | hub name | path/to/file.gguf>, or a checkpoint folder (results/x/checkpoints/rope-seed0)")
     e.add_argument("--eval-lens", help="multiples of the train length (1,1.5,2,4x; default) or absolute lengths")
-    e.add_argument("--rope-scaling", help="comma list of linear,dynamic,yarn,llama3 (or all): one extra row each; "
-                   "our checkpoints also take ntk, rerope, leaky, selfextend and sink<S>+sw<W> (attention sinks)")
+    e.add_argument("--rope-scaling", help="comma list of linear,dynamic,yarn,llama3 (or all), ntk, rerope, leaky, "
+                   "selfextend and sink<S>+sw<W> (attention sinks): one extra row each")
     e.add_argument("--train-len", type=int, help="override the model's own train length (max_position_embeddings)")
     e.add_argument("--data", help="stdlib (default) | shakespeare | a path or glob | hf:<dataset>[:<config>]")
     e.add_argument("--eval-tokens", type=int, help="target tokens scored at every eval length (HF default 16384)")
+    e.add_argument("--split", choices=["test", "valid", "train", "all"], default="test",
+                   help="a Hugging Face model's text: which split of --data (all: every document; it trained on none)")
+    e.add_argument("--long-docs", action="store_true",
+                   help="Hugging Face models: only documents at least as long as the longest window, which never "
+                        "spans two of them")
+    e.add_argument("--unit", type=int, help="resampling unit for intervals, in targets (default: the longest length)")
+    e.add_argument("--segment-len", type=int,
+                   help="tokens per eval segment (default: the lengths' least common multiple if at most 4x the "
+                        "longest, else the longest; a length that does not divide it ends in a partial window)")
     e.add_argument("--out", help="output folder (default results/eval-<model>)")
     add_device(e)
     add_precision(e, PRECISIONS, what=" (a Hugging Face model's weights; default fp32; a checkpoint: its own)")
@@ -40,7 +49,8 @@ def cmd(args: argparse.Namespace) -> int:
         rope_scaling=parse_scalings(args.rope_scaling or ""), train_len=args.train_len, data=args.data,
         eval_tokens=args.eval_tokens, out=args.out, device=args.device,
         precision=check_precision(args.precision, PRECISIONS),
-        trust_remote_code=args.trust_remote_code, doc_sep=args.doc_sep, fresh=args.fresh,
+        trust_remote_code=args.trust_remote_code, doc_sep=args.doc_sep, split=args.split, long_docs=args.long_docs,
+        unit=args.unit, segment_len=args.segment_len, fresh=args.fresh,
         show_progress=progress_choice(args),
     )
     out, data = run_eval(opts)  # results.json

@@ -209,8 +209,8 @@ class HFModel:
         return [getattr(parent, attr) for parent, attr, _ in self.rotary]
 
     # -- loss -------------------------------------------------------------------------------------------
-    def _head_nll(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        hidden = self.model.base_model(input_ids=x).last_hidden_state  # (b, l, C)
+    def _head_nll(self, x: torch.Tensor, y: torch.Tensor, **kwargs) -> torch.Tensor:
+        hidden = self.model.base_model(input_ids=x, use_cache=False, **kwargs).last_hidden_state  # (b, l, C)
         head = self.model.get_output_embeddings()
         b, l, _ = hidden.shape
         chunk = max(1, self.head_chunk_bytes // (4 * b * head.weight.shape[0]))
@@ -221,8 +221,8 @@ class HFModel:
             out.append(F.cross_entropy(logits.flatten(0, 1), y[:, s : s + chunk].flatten(), reduction="none").view(b, -1))
         return torch.cat(out, dim=1)
 
-    def _full_nll(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        logits = self.model(input_ids=x).logits.float()  # (b, l, V)
+    def _full_nll(self, x: torch.Tensor, y: torch.Tensor, **kwargs) -> torch.Tensor:
+        logits = self.model(input_ids=x, use_cache=False, **kwargs).logits.float()  # (b, l, V)
         return F.cross_entropy(logits.flatten(0, 1), y.to(logits.device).flatten(), reduction="none").view(y.shape)
 
     @torch.inference_mode()
@@ -241,6 +241,7 @@ class HFModel:
         tol = 1e-4 if self.dtype == "float32" else 2e-2
         return mine.shape == theirs.shape and torch.allclose(mine, theirs, rtol=tol, atol=tol)
 
-    def nll(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """(b, l) NLL of targets y given inputs x, positions from 0."""
-        return self._head_nll(x, y) if self.chunked else self._full_nll(x, y)
+    def nll(self, x: torch.Tensor, y: torch.Tensor, **kwargs) -> torch.Tensor:
+        """(b, l) NLL of targets y given inputs x, positions from 0 (no KV cache: it would hold every layer's
+        keys and values, 1.5 GB at 32k tokens for SmolLM2-135M); ``kwargs`` reach the attention functions."""
+        return self._head_nll(x, y, **kwargs) if self.chunked else self._full_nll(x, y, **kwargs)

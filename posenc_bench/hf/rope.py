@@ -7,6 +7,8 @@ frequencies. factor = eval length / train length (never below 1); yarn and llama
 
 The scalings and their parameters are the entries of ``encodings.rope_scaling.SCALING_TABLE`` that transformers
 has a rope_type for (not ntk), so our own rows and a Hugging Face model's are scaled by the same definitions.
+The other zero-shot rows (ntk, and the fixes that re-position query-key pairs or re-index the cache) do not
+fit in rope_parameters: ``hf/attention.py`` runs them through our attention.
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ def checkpoint_scalings() -> list[str]:
 
 def parse_scalings(value: str) -> list[str]:
     """'linear,yarn' -> ['linear', 'yarn']; 'all' = every scaling transformers has; 'none' or '' = none.
-    Also the rows only our checkpoints take (``checkpoint_scalings``; ``require_hf`` refuses them for Hugging
-    Face models) and attention sinks, sink<S>+sw<W> (or sink<S> on a model trained with a window)."""
+    Also every other zero-shot row of the rope model (``checkpoint_scalings``: ntk, rerope, leaky, selfextend)
+    and attention sinks, sink<S>+sw<W> (or sink<S> on a model trained with a window)."""
     items = [v.strip().lower() for v in value.split(",") if v.strip()]
     out: list[str] = []
     ours = checkpoint_scalings()
@@ -57,15 +59,14 @@ def parse_scalings(value: str) -> list[str]:
 
 
 def require_hf(scalings: list[str]) -> None:
-    """Refuse the rows a Hugging Face model cannot take: transformers rotates q and k inside its attention
-    module from one position per token, so only a change of rope_parameters (the frequencies) reaches it;
-    ReRoPE, Self-Extend (a position per query-key pair) and attention sinks (a re-indexed cache) need our own
-    attention, and NTK-aware scaling has no rope_type there (dynamic NTK does)."""
-    bad = [s for s in scalings if s not in SCALINGS]
+    """Refuse the rows a Hugging Face model cannot take. Frequency scalings transformers has go through its
+    rope_parameters; every other zero-shot row (ntk, ReRoPE, Leaky ReRoPE, Self-Extend, sinks with a window)
+    reroutes its attention through our encoding (``hf/attention.py``). Only sink<S> without +sw<W> is refused:
+    it means "the window the model was trained with", and a Hugging Face model here has none."""
+    bad = [s for s in scalings if re.fullmatch(r"sink[0-9]+", s)]
     if bad:
-        raise ConfigError(f"--rope-scaling {bad[0]}: not available for Hugging Face models (transformers applies "
-                          f"RoPE from one position per token, so only frequency scalings reach it); valid: "
-                          f"{', '.join(SCALINGS)} (our checkpoints take every zero-shot row)")
+        raise ConfigError(f"--rope-scaling {bad[0]}: a Hugging Face model was trained without a sliding window; "
+                          f"name one, e.g. {bad[0]}+sw<W> with S + W = its train length (StreamingLLM's cache)")
 
 
 def scaling_parameters(base: dict, scaling: str, factor: float, train_len: int) -> dict:

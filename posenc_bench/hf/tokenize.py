@@ -7,7 +7,7 @@ the tokenizer's offsets; the separator covers none), so bits per byte compare ac
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
@@ -52,17 +52,13 @@ def token_bytes_of(text: str, offsets: list[tuple[int, int]]) -> list[int]:
     return [byte_at[bounds[i + 1]] - byte_at[bounds[i]] for i in range(len(starts))]
 
 
-def tokenize_documents(tokenizer, docs: list[tuple[str, bytes]], sep: Optional[int],
-                       min_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens, bytes per token), both 1-D int64: [sep] + doc tokens for documents in order, until at least
-    ``min_tokens`` tokens (or all documents). The separator covers 0 bytes."""
+def _documents(tokenizer, docs: list[tuple[str, bytes]], sep: Optional[int]) -> Iterator[tuple[list[int], list[int]]]:
+    """(token ids, bytes per token) of each document in order, the separator first (0 bytes)."""
     from transformers.utils import logging as hf_logging
 
     if not getattr(tokenizer, "is_fast", False):
         raise ConfigError(f"tokenizer {type(tokenizer).__name__} is not a fast tokenizer: bits per byte need its "
                           "character offsets (install `tokenizers`, or convert the tokenizer)")
-    ids: list[int] = []
-    nbytes: list[int] = []
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # "sequence longer than model_max_length": we cut windows ourselves
     try:
@@ -72,13 +68,27 @@ def tokenize_documents(tokenizer, docs: list[tuple[str, bytes]], sep: Optional[i
             counts = token_bytes_of(text, enc["offset_mapping"])
             if sum(counts) != len(text.encode("utf-8")) and enc["input_ids"]:
                 raise DataError(f"token offsets of document {name!r} do not cover its text")
-            if sep is not None:
-                ids.append(sep)
-                nbytes.append(0)
-            ids.extend(enc["input_ids"])
-            nbytes.extend(counts)
-            if len(ids) >= min_tokens:
-                break
+            head = [] if sep is None else [sep]
+            yield head + list(enc["input_ids"]), [0] * len(head) + counts
     finally:
         hf_logging.set_verbosity(verbosity)
-    return torch.tensor(ids, dtype=torch.int64), torch.tensor(nbytes, dtype=torch.int64)
+
+
+def tokenize_documents(tokenizer, docs: list[tuple[str, bytes]], sep: Optional[int], min_tokens: int,
+                       min_doc_tokens: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tokens, bytes per token, document index per token), 1-D int64: [sep] + doc tokens for documents in
+    order, until at least ``min_tokens`` tokens (or all documents). The separator covers 0 bytes and belongs
+    to the document it opens. With ``min_doc_tokens``, shorter documents (separator included) are left out."""
+    ids: list[int] = []
+    nbytes: list[int] = []
+    index: list[int] = []
+    for i, (doc_ids, counts) in enumerate(_documents(tokenizer, docs, sep)):
+        if len(doc_ids) < min_doc_tokens:
+            continue
+        ids.extend(doc_ids)
+        nbytes.extend(counts)
+        index.extend([i] * len(doc_ids))
+        if len(ids) >= min_tokens:
+            break
+    return (torch.tensor(ids, dtype=torch.int64), torch.tensor(nbytes, dtype=torch.int64),
+            torch.tensor(index, dtype=torch.int64))

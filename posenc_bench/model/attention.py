@@ -229,3 +229,33 @@ def sink_attention(plan: AttentionPlan, i: int, raw: tuple[torch.Tensor, torch.T
         rq, rk = encoding.rotate(both, both, torch.cat((cache, k_pos[:n])))
         logits[..., :n] = rq[:, :, :-n] @ rk[:, :, -n:].transpose(-1, -2)
     return torch.softmax(logits.float() * scale + mask, dim=-1).to(v.dtype) @ v
+
+
+def attend(encoding: encodings.Encoding, plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+           scale: float) -> torch.Tensor:
+    """Attention of one layer along ``plan``: q, k, v (B, H, T, D) before the encoding's rotation -> (B, H, T, D).
+
+    Our model calls it, and so does a Hugging Face model's attention rerouted through an encoding of ours
+    (``hf/attention.py``), so both run the same chunks, masks and per-pair positions."""
+    D = q.shape[-1]
+    q_raw, k_raw = q, k  # sink_attention rotates queries again, at their cache positions
+    q, k = encoding.rotate(q, k, plan.pos)
+    if plan.folded:  # zero channels to match the bias channels folded into q and k, once for all chunks
+        v = F.pad(v, (0, plan.fold_channels(D, v.dtype)))  # (B, H, T, D + extra)
+    outs = []
+    for i, (qs, qe, ks) in enumerate(plan.chunks):
+        qc, kc, vc = q[:, :, qs:qe], k[:, :, ks:qe], v[:, :, ks:qe]
+        if plan.folded:
+            qc, kc = plan.fold_bias(i, qc, kc, scale)  # (B, H, *, D + extra channels)
+        mask = plan.mask(i, q.dtype)  # None (causal chunk) or (1, H or 1, qe - qs, qe - ks)
+        if plan.sinks:  # StreamingLLM's cache: the first S keys plus the window, re-indexed
+            raw = (q_raw[:, :, qs:qe], k_raw[:, :, :min(plan.sinks, qe)])
+            y = sink_attention(plan, i, raw, qc, kc, vc, mask, scale)
+        elif plan.logits:  # the encoding computes the logits itself (CoPE, ReRoPE, Self-Extend)
+            y = explicit_attention(encoding, plan, i, qc, kc, vc, mask, scale)
+        elif plan.distance_bias is not None:
+            y = distance_bias.distance_bias_attention(qc, kc, vc, plan.distance_bias, mask, scale, qs, ks)
+        else:
+            y = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, is_causal=mask is None, scale=scale)
+        outs.append(y[..., :D])
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, T, D)

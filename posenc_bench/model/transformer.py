@@ -7,13 +7,14 @@ which encoding it has:
   chunk for an encoding that computes the logits itself (``has_attention_logits``: CoPE, ReRoPE, Self-Extend).
   An encoding with ``attention_sinks`` (StreamingLLM rows) gets the same hooks, called again for the queries'
   cache positions towards the sinks (``attention.sink_attention``).
-Attention is ``F.scaled_dot_product_attention``: on its fused causal path (``is_causal=True``) when the
-encoding has no bias and there is no sliding window; a bias that is low-rank up to per-row constants (ALiBi,
-``has_low_rank_bias``) is folded into extra q/k channels and stays on the fused kernels; any other bias or a
-window becomes a 4-D (1, H, Tq, Tk) float mask (a 3-D mask sends SDPA to its slow math path), built for chunks
-of queries so that memory stays bounded at long eval lengths instead of needing a full (H, L, L) tensor per
-layer. A learned distance bias (T5, ``has_distance_bias``) trains through ``distance_bias.py`` on CPU, which
-keeps the flash kernel where SDPA would fall back to its math path for a mask that requires grad.
+Attention (``attention.attend``, along the forward's ``AttentionPlan``) is ``F.scaled_dot_product_attention``:
+on its fused causal path (``is_causal=True``) when the encoding has no bias and there is no sliding window; a
+bias that is low-rank up to per-row constants (ALiBi, ``has_low_rank_bias``) is folded into extra q/k channels
+and stays on the fused kernels; any other bias or a window becomes a 4-D (1, H, Tq, Tk) float mask (a 3-D mask
+sends SDPA to its slow math path), built for chunks of queries so that memory stays bounded at long eval
+lengths instead of needing a full (H, L, L) tensor per layer. A learned distance bias (T5,
+``has_distance_bias``) trains through ``distance_bias.py`` on CPU, which keeps the flash kernel where SDPA
+would fall back to its math path for a mask that requires grad.
 
 Sliding-window attention (``window=W``; Beltagy et al., "Longformer", arXiv:2004.05150) lets query i see keys
 j with i - W < j <= i; it composes with every encoding.
@@ -31,8 +32,7 @@ from torch import nn
 
 from posenc_bench import encodings
 from posenc_bench.errors import ConfigError
-from posenc_bench.model import distance_bias
-from posenc_bench.model.attention import AttentionPlan, explicit_attention, sink_attention
+from posenc_bench.model.attention import AttentionPlan, attend
 
 
 @dataclass
@@ -60,27 +60,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(C, dim=2)
         # (B, T, C) -> (B, H, T, D)
         q, k, v = (t.view(B, T, self.n_heads, D).transpose(1, 2) for t in (q, k, v))
-        q_raw, k_raw = q, k  # sink_attention rotates queries again, at their cache positions
-        q, k = encoding.rotate(q, k, plan.pos)
-        if plan.folded:  # zero channels to match the bias channels folded into q and k, once for all chunks
-            v = F.pad(v, (0, plan.fold_channels(D, v.dtype)))  # (B, H, T, D + extra)
-        outs = []
-        for i, (qs, qe, ks) in enumerate(plan.chunks):
-            qc, kc, vc = q[:, :, qs:qe], k[:, :, ks:qe], v[:, :, ks:qe]
-            if plan.folded:
-                qc, kc = plan.fold_bias(i, qc, kc, scale)  # (B, H, *, D + extra channels)
-            mask = plan.mask(i, q.dtype)  # None (causal chunk) or (1, H or 1, qe - qs, qe - ks)
-            if plan.sinks:  # StreamingLLM's cache: the first S keys plus the window, re-indexed
-                raw = (q_raw[:, :, qs:qe], k_raw[:, :, :min(plan.sinks, qe)])
-                y = sink_attention(plan, i, raw, qc, kc, vc, mask, scale)
-            elif plan.logits:  # the encoding computes the logits itself (CoPE, ReRoPE, Self-Extend)
-                y = explicit_attention(encoding, plan, i, qc, kc, vc, mask, scale)
-            elif plan.distance_bias is not None:
-                y = distance_bias.distance_bias_attention(qc, kc, vc, plan.distance_bias, mask, scale, qs, ks)
-            else:
-                y = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, is_causal=mask is None, scale=scale)
-            outs.append(y[..., :D])
-        y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+        y = attend(encoding, plan, q, k, v, scale)  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, H, T, D) -> (B, T, C)
         return self.proj(y)
 

@@ -127,3 +127,11 @@ def test_missing_numbers_and_old_results():
     iv = Intervals(old)
     assert not iv.available and iv.interval("ppl", "a", 128) is None
     assert "predate per-unit numbers" in iv.describe()
+
+
+def test_one_unit_gives_no_interval_rather_than_a_zero_width_one():
+    """A bootstrap of a single unit always redraws the same text: its interval would be a point, and any
+    difference would look real. With one unit there is no interval, and so no significance mark."""
+    iv = Intervals([_rec("a", 0, 128, [1500.0]), _rec("b", 0, 128, [1600.0])])
+    assert not iv.available and "one resampling unit" in iv.problem
+    assert iv.interval("ppl", "a", 128) is None

@@ -40,7 +40,7 @@ def llama_eval(llama_dir, tmp_path_factory):
 
 def test_tokenization_covers_each_document_once_with_its_bytes(tokenizer):
     docs = [("a.py", "def f(x):\n    return x  # café ü\n".encode()), ("b.py", b"import os\n\nprint(os.sep)\n")]
-    tokens, nbytes = hf_tokenize.tokenize_documents(tokenizer, docs, tokenizer.bos_token_id, min_tokens=10**6)
+    tokens, nbytes, _ = hf_tokenize.tokenize_documents(tokenizer, docs, tokenizer.bos_token_id, min_tokens=10**6)
     expected = []
     for _, text in docs:
         expected += [tokenizer.bos_token_id] + tokenizer(text.decode(), add_special_tokens=False)["input_ids"]
@@ -64,7 +64,7 @@ def test_ppl_equals_transformers_own_loss_on_the_same_windows(llama_dir, llama_e
     assert run["segment_len"] == S == 384
     sep, _ = hf_tokenize.document_separator(tokenizer)
     assert sep == tokenizer.eos_token_id  # this tokenizer adds no BOS itself: GPT-2 style separator
-    tokens, nbytes = hf_tokenize.tokenize_documents(tokenizer, load_corpus("stdlib").splits["test"], sep, S + 1)
+    tokens, nbytes, _ = hf_tokenize.tokenize_documents(tokenizer, load_corpus("stdlib").splits["test"], sep, S + 1)
     seg = eval_segments(tokens, S, 384)
     seg_bytes = eval_segments(nbytes, S, 384)
     model = AutoModelForCausalLM.from_pretrained(llama_dir).eval()
@@ -239,9 +239,8 @@ def test_own_checkpoint_gives_the_numbers_run_wrote(tmp_path):
     (["--model", "hf:/no/such/folder"], "is not a folder"),
     (["--model", "results/nothing-here"], "expected hf:"),
     (["--model", "hf:x.gguf"], "no GGUF file"),
-    (["--model", "hf:{llama}", "--rope-scaling", "ntk"], "valid: linear, dynamic, yarn, llama3"),
-    (["--model", "hf:{llama}", "--rope-scaling", "rerope"], "not available for Hugging Face models"),
-    (["--model", "hf:{llama}", "--rope-scaling", "yarn,sink4+sw64"], "--rope-scaling sink4+sw64: not available"),
+    (["--model", "hf:{llama}", "--rope-scaling", "yarn,sink4"], "--rope-scaling sink4: a Hugging Face model was trained without"),
+    (["--model", "hf:{llama}", "--unit", "200"], "--unit 200: the resampling unit is 1 .. the longest eval length 128"),
     (["--model", "hf:{llama}", "--rope-scaling", "bogus"], "valid: linear, dynamic, yarn, llama3, ntk, rerope, leaky, selfextend, sink<S>+sw<W>"),
     (["--model", "hf:{llama}", "--precision", "fp8"], "valid: fp32, bf16, fp16"),
     (["--model", "hf:{llama}", "--doc-sep", "<nope>"], "is not a token of this tokenizer"),
