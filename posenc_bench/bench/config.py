@@ -48,7 +48,7 @@ class TrainConfig:
 
 @dataclass
 class DataConfig:
-    source: str = "stdlib"  # stdlib | shakespeare | <path or glob> | hf:<dataset>[:<config>]
+    source: str = "stdlib"  # stdlib | shakespeare | sotu | <path or glob> | hf:<dataset>[:<config>]
     text_field: str = "text"  # column of an hf: dataset
     valid_fraction: float = 0.05
     test_fraction: float = 0.05

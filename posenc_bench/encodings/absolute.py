@@ -49,19 +49,28 @@ class Sinusoidal(Encoding):
     batched_positions = True
     positions_in_embedding = True
 
-    def __init__(self, *, d_model: int, n_heads: int, train_len: int, base: float = 10000.0) -> None:
+    def __init__(self, *, d_model: int, n_heads: int, train_len: int, base: float = 10000.0,
+                 token_scale: float = 0.0, pe_scale: float = 1.0) -> None:
+        """embed(x) = x * token_scale + PE * pe_scale; token_scale 0 means sqrt(d) (the paper's sec. 3.4)."""
         super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len)
         if d_model % 2:
             raise ValueError(f"sinusoidal encoding needs an even model width, got d_model={d_model}")
+        if token_scale < 0 or pe_scale <= 0:
+            raise ValueError(f"sinusoidal needs token_scale >= 0 (0: sqrt(d)) and pe_scale > 0, got {token_scale}, {pe_scale}")
         self.base = base
-        self.scale = math.sqrt(d_model)  # the paper's embedding multiplier (sec. 3.4)
+        self.scale = token_scale or math.sqrt(d_model)  # the token embeddings' multiplier
+        self.pe_scale = float(pe_scale)
         self._table = torch.empty(0, d_model)
+
 
     def embed(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         needed = int(pos.max()) + 1
         if self._table.shape[0] < needed or self._table.device != x.device:
             self._table = sinusoidal_table(max(needed, self.train_len), self.d_model, self.base, device=x.device)
-        return x * self.scale + rows(self._table, pos).to(x.dtype)  # (T, C) broadcast over the batch, or (B, T, C)
+        pe = rows(self._table, pos)  # (T, C) broadcast over the batch, or (B, T, C)
+        if self.pe_scale != 1.0:
+            pe = pe * self.pe_scale
+        return x * self.scale + pe.to(x.dtype)
 
 
 @register("learned")
