@@ -36,6 +36,9 @@ class Encoding(nn.Module):
     - optionally ``attention_logits(q, k, q_pos, k_pos, mask, scale)`` (``has_attention_logits``): the whole
       pre-softmax logits of one query chunk, for an encoding whose logits are not q . k plus a bias that reads
       positions only (CoPE reads q . k itself; ReRoPE and Self-Extend combine two rotations by distance).
+    - optionally ``attention_parts(q, k, q_pos, k_pos)`` (``has_attention_parts``): those logits as a few
+      plain attentions over disjoint sets of pairs, which the model merges by log-sum-exp (faster, and no
+      (q, k) logits in memory).
     - optionally ``attention_block(length)``: blockwise causal attention (each query sees its own block of
       that many tokens and the previous one), or None.
     - ``attention_sinks`` (a class attribute, not a hook): (S, W) when the first S tokens stay visible beside a
@@ -77,6 +80,9 @@ class Encoding(nn.Module):
     # True when attention_logits() computes a chunk's whole pre-softmax logits (the model then runs attention
     # explicitly, chunk by chunk, instead of through SDPA).
     has_attention_logits: ClassVar[bool] = False
+    # True when attention_parts() splits those logits into ordinary attentions over disjoint sets of pairs:
+    # the model then runs each through SDPA's kernel and merges them by log-sum-exp (no (q, k) logits).
+    has_attention_parts: ClassVar[bool] = False
     # True when every position-reading hook accepts (B, T) positions (one row per sequence): the encodings
     # ``+rand`` can wrap.
     batched_positions: ClassVar[bool] = False
@@ -136,6 +142,16 @@ class Encoding(nn.Module):
         included. q (B, H, q, D), k (B, H, k, D) are what ``rotate`` returned (an encoding that rotates per
         pair, e.g. ReRoPE, returns them unrotated there and rotates here); positions as in ``bias``."""
         return (q @ k.transpose(-1, -2)).float() * scale + mask
+
+    def attention_parts(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
+                        ) -> list[tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]]:
+        """Optional (``has_attention_parts``, with ``has_attention_logits``): the same attention as
+        ``attention_logits`` when its logits are, pair by pair, one of a few plain products q' . k': a list of
+        parts (q' (B, H, q, D), k' (B, H, n, D), first, pairs (q, n) bool): k' are keys [first, first + n) of
+        the chunk's, and ``pairs`` marks the pairs of this part; every visible pair belongs to one part. The
+        model runs each part with the chunk's mask as one attention and merges them exactly by their
+        log-sum-exp, never building the (q, k) logits (ReRoPE, Self-Extend: pairs within and beyond w)."""
+        raise NotImplementedError
 
     def attention_block(self, length: int) -> Optional[int]:
         """Optional: blockwise causal attention for windows of ``length`` tokens: queries in block

@@ -42,6 +42,7 @@ class PairwiseRoPE(RoPE):
 
     trained_as: ClassVar[Optional[str]] = "rope"
     family = "rotary fix (zero-shot)"
+    has_attention_parts = True
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int, theta: float = 10000.0) -> None:
         super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len, theta=theta)
@@ -78,6 +79,22 @@ class PairwiseRoPE(RoPE):
         far = self.rotated(q, far_q) @ self.rotated(k, far_k).transpose(-1, -2)  # (B, H, q, k)
         is_near = (q_pos[:, None] - k_pos[None, :]) < self.near()  # (q, k)
         return torch.where(is_near, near, far).float() * scale + mask
+
+    def attention_parts(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
+                        ) -> list[tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]]:
+        """The near pairs (i - j < near(), exact rotations) and the far ones (``far_positions``), each over the
+        keys some query of the chunk has in it (k_pos ascending): the band and the keys before it."""
+        near = self.near()
+        first_near = int(torch.searchsorted(k_pos, q_pos.min() - near, right=True))  # keys j > min(i) - near
+        far_keys = int(torch.searchsorted(k_pos, q_pos.max() - near, right=True))  # keys j <= max(i) - near
+        dist = q_pos[:, None] - k_pos[None, :]  # (q, k)
+        parts = [(self.rotated(q, q_pos), self.rotated(k[..., first_near:, :], k_pos[first_near:]), first_near,
+                  dist[:, first_near:] < near)]
+        if far_keys:
+            far_q, far_k = self.far_positions(q_pos, k_pos[:far_keys])
+            parts.append((self.rotated(q, far_q), self.rotated(k[..., :far_keys, :], far_k), 0,
+                          dist[:, :far_keys] >= near))
+        return parts
 
 
 @register("rope-rerope")

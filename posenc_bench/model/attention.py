@@ -32,6 +32,10 @@ def query_chunks(T: int, size: int, window: Optional[int], block: Optional[int],
     return chunks
 
 
+def _fold_parts(dtype: torch.dtype) -> int:
+    return 2 if dtype.itemsize >= 4 else 3  # float32: 2 parts; bf16/fp16: 3
+
+
 class AttentionPlan:
     """How one forward pass at length T runs attention: query chunks and their masks, shared by all layers.
 
@@ -47,7 +51,8 @@ class AttentionPlan:
       from ``BAND_MIN`` x its band width on (shorter sequences are cheaper on SDPA's math path).
     - logits (``encoding.has_attention_logits``, e.g. CoPE): the mask as above (bias included, if any) goes to
       ``encoding.attention_logits`` with the chunk's q and k, and the model applies softmax to what it returns
-      (``explicit_attention``); chunks are sized for ``LOGIT_TENSORS`` tensors of (B, H, q, k) floats.
+      (``explicit_attention``); chunks are sized for ``LOGIT_TENSORS`` tensors of (B, H, q, k) floats, or
+      ``PART_TENSORS`` (q, k) masks where the encoding has ``attention_parts`` (``parts_attention``).
 
     Positions are (T,) or, from an encoding's ``positions`` hook, (B, T); causality, windows and blocks always
     count tokens (indices), never positions. ``encoding.attention_block(T)`` (blockwise causal attention)
@@ -66,6 +71,7 @@ class AttentionPlan:
     BIAS_ROWS = 512  # query chunk of a learned distance bias in training (distance_bias.py)
     BAND_MIN = 4  # ... taken from T >= BAND_MIN x its band width on
     LOGIT_TENSORS = 8  # (B, H, q, k) float tensors an attention_logits chunk may hold at once (CoPE: ~6)
+    PART_TENSORS = 8  # (q, k) 4-byte tensors of an attention_parts chunk: masks, pairs, distances (int64: 2)
 
     def __init__(self, encoding: encodings.Encoding, pos: torch.Tensor, window: Optional[int], max_mask_bytes: int,
                  batch: int = 1):
@@ -95,7 +101,9 @@ class AttentionPlan:
             self.chunks = [(0, T, 0)]
         else:
             explicit = self.logits or self.sinks  # whole (B, H, q, k) logits, LOGIT_TENSORS of them
-            row_bytes = 4 * T * (encoding.n_heads * batch * self.LOGIT_TENSORS if explicit else max(1, mask_heads) * mask_batch)
+            parts = self.logits and encoding.has_attention_parts and not self.sinks  # (q, k) masks, no logits
+            row_bytes = 4 * T * (self.PART_TENSORS if parts else encoding.n_heads * batch * self.LOGIT_TENSORS
+                                 if explicit else max(1, mask_heads) * mask_batch)
             size = max(1, min(T, max_mask_bytes // row_bytes))
             if self.folded:
                 size = min(size, self.FOLD_ROWS)
@@ -155,13 +163,9 @@ class AttentionPlan:
             self._factors[i] = self.encoding.bias_factors(*self.chunk_positions(i))
         return self._factors[i]  # (H, q, E), (H or B, H, k, E)
 
-    @staticmethod
-    def _fold_parts(dtype: torch.dtype) -> int:
-        return 2 if dtype.itemsize >= 4 else 3  # float32: 2 parts; bf16/fp16: 3
-
     def fold_channels(self, head_dim: int, dtype: torch.dtype) -> int:
         """How many channels ``fold_bias`` appends to q and k (and the model to v) for this head dimension."""
-        E2 = self._bias_factors(0)[0].shape[-1] * self._fold_parts(dtype)
+        E2 = self._bias_factors(0)[0].shape[-1] * _fold_parts(dtype)
         return E2 + (-(head_dim + E2) % 8)
 
     def fold_bias(self, i: int, q: torch.Tensor, k: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,7 +176,7 @@ class AttentionPlan:
         precision; channels are padded to a multiple of 8 for the GPU kernels."""
         qf, kf = self._bias_factors(i)  # (H, q, E), (H, k, E) or (B, H, k, E) for per-sequence positions
         parts, rest = [], kf / scale
-        for _ in range(self._fold_parts(k.dtype)):
+        for _ in range(_fold_parts(k.dtype)):
             parts.append(rest.to(k.dtype))
             rest = rest - parts[-1].double()
         qx = torch.cat([qf] * len(parts), -1).to(q.dtype)  # (H, q, parts * E)
@@ -184,9 +188,49 @@ class AttentionPlan:
         return q, k
 
 
+def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(softmax(q k^T scale + mask) @ v (B, H, q, D), its log-sum-exp (B, H, q) in float32): SDPA's CPU flash
+    kernel in float32 inference, else explicitly. A row with no visible key has lse -inf (the flash kernel
+    says 0 there, with an output of zeros)."""
+    if (q.device.type == "cpu" and q.dtype == torch.float32 and not torch.is_grad_enabled()
+            and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask, scale=scale)
+        return out, lse.masked_fill(~torch.isfinite(mask).any(-1), float("-inf"))
+    logits = (q @ k.transpose(-1, -2)).float() * scale + mask  # (B, H, q, n)
+    lse = torch.logsumexp(logits, dim=-1)
+    return torch.exp(logits - lse[..., None]).nan_to_num(0.0).to(v.dtype) @ v, lse
+
+
+def parts_attention(encoding: encodings.Encoding, plan: AttentionPlan, i: int, q: torch.Tensor, k: torch.Tensor,
+                    v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """What ``explicit_attention`` computes, from ``encoding.attention_parts``: each part one attention over
+    its pairs (the chunk's mask, -inf elsewhere), merged exactly: softmax over the union of disjoint sets is
+    sum_p exp(lse_p - m) out_p / sum_p exp(lse_p - m), m the largest lse."""
+    q_pos, k_pos = plan.chunk_positions(i)
+    outs, lses = [], []
+    for qp, kp, first, pairs in encoding.attention_parts(q, k, q_pos, k_pos):
+        n = kp.shape[-2]
+        part_mask = mask[..., first:first + n].masked_fill(~pairs, float("-inf"))  # (1, H or 1, q, n)
+        out, lse = attention_lse(qp, kp, v[..., first:first + n, :], part_mask, scale)
+        outs.append(out)
+        lses.append(lse.float())
+    top = torch.stack(lses).amax(0)  # (B, H, q): every query sees at least itself in some part
+    num = torch.zeros(outs[0].shape, dtype=torch.float32, device=q.device)
+    den = torch.zeros(top.shape, dtype=torch.float32, device=q.device)
+    for out, lse in zip(outs, lses):
+        w = torch.exp(lse - top)  # 0 for a query with no pair in this part (its out may be NaN there)
+        num += torch.where(w[..., None] > 0, out.float(), 0.0) * w[..., None]
+        den += w
+    return (num / den[..., None]).to(v.dtype)
+
+
 def explicit_attention(encoding: encodings.Encoding, plan: AttentionPlan, i: int, q: torch.Tensor, k: torch.Tensor,
                        v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """softmax(encoding.attention_logits(...)) @ v for chunk i of the plan: q (B, H, q, D), k, v (B, H, k, D)."""
+    """softmax(encoding.attention_logits(...)) @ v for chunk i of the plan: q (B, H, q, D), k, v (B, H, k, D);
+    through ``parts_attention`` where the encoding splits its logits into parts."""
+    if encoding.has_attention_parts:
+        return parts_attention(encoding, plan, i, q, k, v, mask, scale)
     q_pos, k_pos = plan.chunk_positions(i)
     logits = encoding.attention_logits(q, k, q_pos, k_pos, mask, scale)  # (B, H, q, k), -inf where invisible
     return torch.softmax(logits.float(), dim=-1).to(v.dtype) @ v
