@@ -19,3 +19,32 @@ def test_ci_config_shows_the_known_extrapolation_picture(tmp_path):
     assert ratio4["sinusoidal"] > 1.2  # absolute sinusoids fall apart
     assert ppl[("rope", 1.0)] < ppl[("nope", 1.0)]  # position information helps at 1x
     assert {r["status"] for r in recs if r["encoding"] == "learned" and r["ratio"] > 1} == {"n/a"}
+
+
+@pytest.mark.slow
+def test_committed_default_rows_retrain_to_their_numbers(tmp_path):
+    """Two cheap rows of results/default (rope and nope, seed 0), trained again from step 0 with the folder's
+    own config on the current code, give the committed numbers: to 1e-3 relative here (other machines of
+    the same kind round floats differently by up to ~1e-4); on the machine that made them, bitwise. Two
+    shards run side by side at the config's one thread each, as the committed run did."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "results" / "default"
+    committed = {(r["encoding"], r["eval_len"]): r for r in json.loads((folder / "results.json").read_text())["records"]
+                 if r["seed"] == 0 and r["encoding"] in ("rope", "nope")}
+    argv = [sys.executable, "-m", "posenc_bench", "run", "--config", str(folder / "config.yaml"), "--encodings",
+            "rope,nope", "--seeds", "1", "--out", str(tmp_path), "--progress", "off"]
+    shards = [subprocess.Popen([*argv, "--shard", f"{i}/2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+              for i in (1, 2)]
+    for p in shards:
+        assert p.wait() == 0, p.stderr.read()[-2000:]
+    assert main(["merge", str(tmp_path), "--out", str(tmp_path)]) == 0
+    fresh = {(r["encoding"], r["eval_len"]): r for r in json.loads((tmp_path / "results.json").read_text())["records"]}
+    assert set(committed) == set(fresh) and len(committed) == 8
+    for key, want in committed.items():
+        got = fresh[key]
+        assert got["cell_key"] == want["cell_key"]  # the same config, data and code version: the same model
+        assert got["ppl"] == pytest.approx(want["ppl"], rel=1e-3), key
+        assert got["train_final_loss"] == pytest.approx(want["train_final_loss"], rel=1e-3), key

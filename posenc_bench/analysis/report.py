@@ -28,8 +28,8 @@ from posenc_bench.bench.records import read_results
 from posenc_bench.analysis.intervals import CI, MIN_SEEDS, MIN_WINDOWS, Intervals
 from posenc_bench.files import atomic_write_text
 
-VALUES = ("ppl", "bpb", "ratio", "training")
-DEFAULT_VALUES = ("ppl", "ratio", "training")
+VALUES = ("ppl", "bpb", "ratio", "training", "cost")
+DEFAULT_VALUES = ("ppl", "ratio", "training", "cost")
 FORMATS = ("md", "csv", "latex", "html", "json")
 SUFFIX_FORMATS = {".md": "md", ".markdown": "md", ".csv": "csv", ".tex": "latex", ".html": "html", ".htm": "html",
                   ".json": "json"}
@@ -38,6 +38,8 @@ TITLES = {
     "bpb": "Bits per byte (lower is better; columns: eval length as a multiple of the train length)",
     "ratio": "Perplexity relative to the same model at the train length (1x)",
     "training": "Training (mean train loss, nats) and context use at 1x (test loss early vs late in the window)",
+    "cost": "Cost of each evaluation: wall time, and peak memory (records that measured it; = base: the row reuses "
+            "the base model's numbers there)",
 }
 BEST_NOTE = "bold: best in its column"
 SIGNIFICANT_BEST_NOTE = ("bold: best in its column and better than every other row (the paired interval of the "
@@ -163,7 +165,7 @@ def build_table(runs: Sequence[Run], value: str, *, digits: int = 2, mark_best: 
     """One value ('ppl' | 'bpb' | 'ratio') for every row of every run. ``notes`` (reason -> mark) is shared
     between the tables of one report, so a reason has the same footnote number everywhere. ``intervals`` (run
     label -> Intervals) adds each cell's interval and decides bold and ties by significance."""
-    if value not in VALUES or value == "training":
+    if value not in VALUES or value in ("training", "cost"):
         raise ReportError(f"unknown table value {value!r}; valid: ppl, bpb, ratio")
     notes = {} if notes is None else notes
     intervals = intervals or {}
@@ -494,6 +496,29 @@ def training_table(records: list[dict], row_order: list[str] | None = None) -> p
     return pd.DataFrame(rows).set_index("encoding") if rows else pd.DataFrame()
 
 
+def cost_table(records: list[dict], row_order: list[str] | None = None) -> pd.DataFrame:
+    """Wall time and peak memory of each (row, length) of seed 0, for runs whose records measured peak memory
+    (``eval`` of a Hugging Face model); empty otherwise."""
+    if not any(r.get("peak_memory_bytes") for r in records):
+        return pd.DataFrame()
+    rows = []
+    for enc in row_order or list(dict.fromkeys(r["encoding"] for r in records)):
+        recs = sorted((r for r in records if r["encoding"] == enc and r["seed"] == min(x["seed"] for x in records)),
+                      key=lambda r: r["eval_len"])
+        row = {"encoding": enc}
+        for r in recs:
+            col = f"{r['eval_len']:,}"
+            if r.get("same_as"):
+                row[col] = "= base"
+            elif r["status"] != "ok":
+                row[col] = r["status"]
+            else:
+                peak = r.get("peak_memory_bytes")
+                row[col] = f"{r['eval_time_s']:.0f} s" + (f", {peak / 2**30:.2f} GiB" if peak else "")
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("encoding") if rows else pd.DataFrame()
+
+
 # ------------------------------------------------------------------------------------------- rendering
 
 
@@ -514,8 +539,9 @@ def _tabulate(frame: pd.DataFrame, fmt: str) -> str:
     return tabulate(frame, headers="keys", tablefmt=tablefmt, colalign=align, disable_numparse=True)
 
 
-def _training_frame(run: Run, fmt: str) -> pd.DataFrame:
-    frame = training_table(run.data["records"], run.data["run"].get("rows")).fillna("")
+def _training_frame(run: Run, fmt: str, value: str = "training") -> pd.DataFrame:
+    table = cost_table if value == "cost" else training_table
+    frame = table(run.data["records"], run.data["run"].get("rows")).fillna("")
     if frame.empty:
         return frame
     frame = frame.rename(index=lambda r: _escape(r, fmt), columns=lambda c: _escape(c, fmt))
@@ -538,7 +564,7 @@ def render(runs: Sequence[Run], *, fmt: str = "md", values: Sequence[str] = DEFA
     intervals = run_intervals(runs, ci)
     tables = [compare_table(runs, compare, intervals, digits=max(digits, 3)) if v == "compare" else
               build_table(runs, v, digits=digits, mark_best=mark_best, notes=notes, intervals=intervals)
-              for v in values if v != "training"]
+              for v in values if v not in ("training", "cost")]
     for t in tables:
         annotate(t, runs, intervals, notes)
     if fmt == "csv":
@@ -550,11 +576,11 @@ def render(runs: Sequence[Run], *, fmt: str = "md", values: Sequence[str] = DEFA
     blocks: list[tuple[str, str, list[str]]] = []  # (title, table text, footnotes)
     it = iter(tables)
     for v in values:
-        if v == "training":
+        if v in ("training", "cost"):
             for run in runs:
-                frame = _training_frame(run, fmt)
+                frame = _training_frame(run, fmt, v)
                 if not frame.empty:
-                    title = TITLES["training"] + (f", {run.label}" if run.label else "")
+                    title = TITLES[v] + (f", {run.label}" if run.label else "")
                     blocks.append((title, _tabulate(frame, fmt), []))
             continue
         table = next(it)
@@ -628,9 +654,10 @@ def _json(runs: Sequence[Run], tables: Sequence[Table], notes: dict[str, str], v
         } for t in tables],
         "footnotes": {mark: reason for reason, mark in notes.items()},
     }
-    if "training" in values:
-        out["training"] = {r.label or "run": training_table(r.data["records"], r.data["run"].get("rows"))
-                           .fillna("").reset_index().to_dict(orient="records") for r in runs}
+    for value, table in (("training", training_table), ("cost", cost_table)):
+        if value in values:
+            out[value] = {r.label or "run": table(r.data["records"], r.data["run"].get("rows"))
+                          .fillna("").reset_index().to_dict(orient="records") for r in runs}
     return json.dumps(out, indent=1) + "\n"
 
 

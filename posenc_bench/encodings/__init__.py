@@ -24,6 +24,11 @@ _FAMILIES = ("absolute", "rope", "partial_rope", "xpos", "rope_scaling", "rope_f
              "cope", "nope", "randomized", "sinks")  # randomized after the encodings it wraps; sinks: name patterns
 
 
+# The std every weight matrix and embedding table of the model starts with (GPT-2's; model/transformer.py's
+# init, ``learned``'s table, and the scale ``sinusoidal`` puts its table at), shared by every encoding.
+INIT_STD = 0.02
+
+
 class Encoding(nn.Module):
     """A positional encoding: hooks the model calls, all defaulting to "do nothing".
 

@@ -67,7 +67,8 @@ class Randomized(Encoding):
 
     @classmethod
     def key_options(cls, train_len: int, options: dict) -> dict:
-        return {"max_position": resolve_range(train_len, int(options.get("max_position", 0)))}
+        return {**cls.base_cls.key_options(train_len, options),
+                "max_position": resolve_range(train_len, int(options.get("max_position", 0)))}
 
     def positions(self, batch: int, length: int, device: torch.device) -> torch.Tensor:
         if not self.training:

@@ -114,7 +114,7 @@ class DecoderLM(nn.Module):
     def _init_weights(self) -> None:
         for name, p in self.named_parameters():
             if p.dim() == 2:
-                std = 0.02 / math.sqrt(2 * self.cfg.n_layers) if name.endswith("proj.weight") else 0.02
+                std = encodings.INIT_STD / math.sqrt(2 * self.cfg.n_layers) if name.endswith("proj.weight") else encodings.INIT_STD
                 nn.init.normal_(p, mean=0.0, std=std)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:

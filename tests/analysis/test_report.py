@@ -338,3 +338,19 @@ def test_old_results_without_units_report_and_say_so_once():
     text = report.render([report.Run("", "", results())])
     assert text.count("Intervals: not available (these results predate per-unit numbers; rerun to get them).") == 1
     assert "[" not in text.split("\n\n", 1)[1].replace("[1]", "").replace("[2]", "")  # no interval in any cell
+
+
+def test_cost_table_shows_time_and_peak_memory_only_where_measured():
+    from posenc_bench.analysis.report import DEFAULT_VALUES, cost_table
+    from posenc_bench.commands.cli import build_parser
+
+    base = {"seed": 0, "train_len": 8, "status": "ok", "eval_time_s": 12.4}
+    recs = [{**base, "encoding": "m", "eval_len": 8, "peak_memory_bytes": 3 << 29},
+            {**base, "encoding": "m", "eval_len": 16, "peak_memory_bytes": 1 << 31, "eval_time_s": 40.0},
+            {**base, "encoding": "m+x", "eval_len": 8, "same_as": "m"},
+            {**base, "encoding": "m+x", "eval_len": 16, "status": "n/a"}]
+    table = cost_table(recs)
+    assert table.loc["m", "8"] == "12 s, 1.50 GiB" and table.loc["m", "16"] == "40 s, 2.00 GiB"
+    assert table.loc["m+x", "8"] == "= base" and table.loc["m+x", "16"] == "n/a"
+    assert cost_table([{k: v for k, v in r.items() if k != "peak_memory_bytes"} for r in recs]).empty
+    assert build_parser().parse_args(["report", "x"]).value == ",".join(DEFAULT_VALUES)
