@@ -16,7 +16,7 @@ its own relative position, and attention sinks re-index the cache; all of them a
 So a Hugging Face model and our own models go through the same code for these rows. Only RoPE models whose
 attention modules call ``ALL_ATTENTION_FUNCTIONS`` with the rotated q, k (Llama, Mistral, Qwen2, SmolLM2
 and most others in transformers 5) and whose rotation is the unscaled default one over the whole head
-(no ``partial_rotary_factor``) are rerouted; ``Rerouted.check`` says why not otherwise.
+(no ``partial_rotary_factor``) are rerouted; ``build_encoding`` raises, naming why, for any other.
 """
 
 from __future__ import annotations
@@ -64,6 +64,12 @@ class Rerouted:
         return self._plan[1]
 
 
+def _heads(config) -> tuple[int, int]:
+    """(query heads, head dimension) of a transformers config."""
+    heads = config.num_attention_heads
+    return heads, getattr(config, "head_dim", None) or config.hidden_size // heads
+
+
 def build_encoding(name: str, config, rotary: list[tuple[torch.nn.Module, str, torch.nn.Module]], train_len: int,
                    **options) -> encodings.Encoding:
     """Our encoding ``name`` (rope, or a zero-shot row of the trained rope model, with its ``options``) on the
@@ -75,8 +81,7 @@ def build_encoding(name: str, config, rotary: list[tuple[torch.nn.Module, str, t
     if name != "rope" and cls.trained_as != "rope":
         raise ConfigError(f"{name!r} is not a zero-shot row of the trained rope model; Hugging Face models take "
                           f"{', '.join(n for n in encodings.available() if encodings.get_class(n).trained_as == 'rope')}")
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    heads, head_dim = _heads(config)
     theta = float(config.rope_parameters["rope_theta"])
     enc = cls(d_model=heads * head_dim, n_heads=heads, train_len=train_len, theta=theta, **options)
     if not torch.equal(enc.inv_freq, rotary.inv_freq.detach().cpu().float()) or rotary.attention_scaling != 1.0:
@@ -123,8 +128,7 @@ def rerouted(model: torch.nn.Module, rotary: list[tuple[torch.nn.Module, str, to
     (the forward must pass ``posenc=``); the originals are put back after."""
     register()
     config = model.config
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    head_dim = _heads(config)[1]
     before = config._attn_implementation
     try:
         for parent, attr, module in rotary:
