@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import platform
 import re
 import subprocess
@@ -96,9 +97,19 @@ def process_memory(key: str = "VmRSS") -> Optional[int]:
     return int(match.group(1)) * 1024 if match else None
 
 
+def release_freed_memory() -> None:
+    """Give the heap's free pages back to the OS (glibc's malloc_trim), so that a peak RSS measured next counts
+    what the block keeps, not what earlier code freed into the heap; nothing where libc has no such call."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def reset_peak_rss() -> bool:
-    """Reset this process's peak RSS (VmHWM) to its current RSS (Linux >= 4.0: /proc/self/clear_refs); False
-    where that is not possible."""
+    """Reset this process's peak RSS (VmHWM) to its current RSS (Linux >= 4.0: /proc/self/clear_refs), after
+    ``release_freed_memory``; False where that is not possible."""
+    release_freed_memory()
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")

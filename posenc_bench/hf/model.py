@@ -28,6 +28,11 @@ from posenc_bench.files import file_hash
 
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
+# Bytes of one chunk of float32 logits in the loss. Above glibc's largest mmap threshold (32 MiB on 64-bit), so
+# that every chunk is mapped and unmapped on its own: below it, freed chunks raise the threshold, later ones
+# come from the heap, and the heap grows with the length instead of staying at one chunk.
+HEAD_CHUNK_BYTES = 64 << 20
+
 
 # ---- which model ------------------------------------------------------------------------------------------
 
@@ -102,7 +107,7 @@ class HFModel:
     """A causal LM from transformers, its tokenizer, its RoPE modules, and a chunked NLL."""
 
     def __init__(self, spec: ModelSpec, *, device: torch.device, precision: str = "fp32",
-                 trust_remote_code: bool = False, head_chunk_bytes: int = 32 << 20) -> None:
+                 trust_remote_code: bool = False, head_chunk_bytes: int = HEAD_CHUNK_BYTES) -> None:
         torch_dtype = precision_dtype(precision)
         self.spec = spec
         self.device = device
@@ -211,15 +216,7 @@ class HFModel:
     # -- loss -------------------------------------------------------------------------------------------
     def _head_nll(self, x: torch.Tensor, y: torch.Tensor, **kwargs) -> torch.Tensor:
         hidden = self.model.base_model(input_ids=x, use_cache=False, **kwargs).last_hidden_state  # (b, l, C)
-        head = self.model.get_output_embeddings()
-        b, l, _ = hidden.shape
-        chunk = max(1, self.head_chunk_bytes // (4 * b * head.weight.shape[0]))
-        y = y.to(hidden.device)
-        out = []
-        for s in range(0, l, chunk):
-            logits = head(hidden[:, s : s + chunk]).float()  # (b, chunk, V): the only logits alive at a time
-            out.append(F.cross_entropy(logits.flatten(0, 1), y[:, s : s + chunk].flatten(), reduction="none").view(b, -1))
-        return torch.cat(out, dim=1)
+        return head_nll(self.model.get_output_embeddings(), hidden, y.to(hidden.device), self.head_chunk_bytes)
 
     def _full_nll(self, x: torch.Tensor, y: torch.Tensor, **kwargs) -> torch.Tensor:
         logits = self.model(input_ids=x, use_cache=False, **kwargs).logits.float()  # (b, l, V)
@@ -245,3 +242,17 @@ class HFModel:
         """(b, l) NLL of targets y given inputs x, positions from 0 (no KV cache: it would hold every layer's
         keys and values, 1.5 GB at 32k tokens for SmolLM2-135M); ``kwargs`` reach the attention functions."""
         return self._head_nll(x, y, **kwargs) if self.chunked else self._full_nll(x, y, **kwargs)
+
+
+def head_nll(head: torch.nn.Module, hidden: torch.Tensor, y: torch.Tensor, chunk_bytes: int = HEAD_CHUNK_BYTES
+             ) -> torch.Tensor:
+    """(b, l) NLL of targets y (b, l) from the last hidden state (b, l, C) through the LM head, a chunk of
+    positions at a time: at most ``chunk_bytes`` of float32 logits (b, chunk, V) are alive at once, so memory
+    stays one chunk whatever the length (see HEAD_CHUNK_BYTES)."""
+    b, l, _ = hidden.shape
+    chunk = max(1, chunk_bytes // (4 * b * head.weight.shape[0]))
+    out = []
+    for s in range(0, l, chunk):
+        logits = head(hidden[:, s : s + chunk]).float()  # (b, chunk, V)
+        out.append(F.cross_entropy(logits.flatten(0, 1), y[:, s : s + chunk].flatten(), reduction="none").view(b, -1))
+    return torch.cat(out, dim=1)

@@ -7,6 +7,7 @@ The plan is chosen from the encoding's capabilities (``has_bias``, ``has_low_ran
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -16,16 +17,16 @@ from posenc_bench import encodings
 from posenc_bench.model import distance_bias
 
 
-def query_chunks(T: int, size: int, window: Optional[int], block: Optional[int], sinks: int = 0
-                 ) -> list[tuple[int, int, int]]:
+def query_chunks(T: int, size: int, window: Optional[int], block: Optional[int]) -> list[tuple[int, int, int]]:
     """(qs, qe, ks) per chunk of at most ``size`` queries; with blocks, no chunk crosses a block boundary and
-    its keys start at the previous block (or the window, whichever is later); with sinks, keys start at 0."""
+    its keys start at the previous block (or the window, whichever is later). With S sinks the plan puts the
+    first S keys before [ks, qe) (``AttentionPlan.key_span``)."""
     chunks = []
     step = size if block is None else min(size, block)
     starts = range(0, T, step) if block is None else [s for b in range(0, T, block) for s in range(b, min(T, b + block), step)]
     for qs in starts:
         qe = min(T, qs + step, T if block is None else (qs // block + 1) * block)
-        ks = 0 if window is None or sinks else max(0, qs - window + 1)
+        ks = 0 if window is None else max(0, qs - window + 1)
         if block is not None:
             ks = max(ks, (qs // block - 1) * block)
         chunks.append((qs, qe, ks))
@@ -62,7 +63,8 @@ class AttentionPlan:
     window of W keys (the encoding's W, else the model's); towards them a query is biased and rotated from its
     cache position, min(i, S + W - 1) (``sink_attention``), its recent keys keep their true distances.
 
-    Chunk i covers queries [qs, qe) and keys [ks, qe). When all chunks' masks together fit in
+    Chunk i covers queries [qs, qe) and keys [ks, qe); with S sinks, keys [0, min(S, ks)) come first (the
+    sinks, when the window has left them behind), so a chunk costs its window, not its whole prefix. When all chunks' masks together fit in
     ``max_mask_bytes`` they are built once per forward and shared by the layers; otherwise each layer rebuilds
     them, so at most one chunk's mask is alive at a time.
     """
@@ -102,27 +104,44 @@ class AttentionPlan:
         else:
             explicit = self.logits or self.sinks  # whole (B, H, q, k) logits, LOGIT_TENSORS of them
             parts = self.logits and encoding.has_attention_parts and not self.sinks  # (q, k) masks, no logits
-            row_bytes = 4 * T * (self.PART_TENSORS if parts else encoding.n_heads * batch * self.LOGIT_TENSORS
-                                 if explicit else max(1, mask_heads) * mask_batch)
-            size = max(1, min(T, max_mask_bytes // row_bytes))
+            cell = 4 * (self.PART_TENSORS if parts else encoding.n_heads * batch * self.LOGIT_TENSORS
+                        if explicit else max(1, mask_heads) * mask_batch)  # bytes per (query, key) pair
+            if self.sinks:  # a chunk of q queries has at most S + W - 1 + q keys: the largest q that fits
+                n = self.sinks + window
+                size = int((math.sqrt(n * n + 4 * max_mask_bytes / cell) - n) / 2)
+            else:  # at most T keys
+                size = max_mask_bytes // (cell * T)
+            size = max(1, min(T, size))
             if self.folded:
                 size = min(size, self.FOLD_ROWS)
             elif self.distance_bias is not None:
                 size = min(size, self.BIAS_ROWS)  # keys [0, qe) per chunk: skips most of the masked upper half
-            self.chunks = query_chunks(T, size, window, self.block, self.sinks)
+            self.chunks = query_chunks(T, size, window, self.block)
         # chunks that need no mask: SDPA's own causal mask is exact for a square chunk from position 0
         self.causal = [not explicit_bias and window is None and not self.logits and qs == 0 and ks == 0
                        for qs, _, ks in self.chunks]
-        mask_bytes = sum(4 * mask_heads * mask_batch * (qe - qs) * (qe - ks)
-                         for (qs, qe, ks), c in zip(self.chunks, self.causal) if not c)
+        mask_bytes = sum(4 * mask_heads * mask_batch * (qe - qs) * (self.key_span(i)[0] + qe - ks)
+                         for i, ((qs, qe, ks), c) in enumerate(zip(self.chunks, self.causal)) if not c)
         self._keep_masks = mask_bytes <= max_mask_bytes
         self._masks: dict[int, torch.Tensor] = {}
-        self._factors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.factors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # fold_bias's, per chunk
+
+    def key_span(self, i: int) -> tuple[int, int, int]:
+        """Chunk i's keys as (p, ks, qe): keys [0, p) then [ks, qe); p = min(S, ks) with S sinks, else 0."""
+        _, qe, ks = self.chunks[i]
+        return min(self.sinks, ks), ks, qe
+
+    def chunk_keys(self, i: int, x: torch.Tensor, dim: int) -> torch.Tensor:
+        """Chunk i's keys of ``x`` along ``dim``: x[ks:qe], after x[:p] (the sinks) where the window left them."""
+        p, ks, qe = self.key_span(i)
+        if p == 0:
+            return x.narrow(dim, ks, qe - ks)
+        return torch.cat((x.narrow(dim, 0, p), x.narrow(dim, ks, qe - ks)), dim)
 
     def chunk_positions(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions of chunk i's queries and keys: (q,), (k,) or (B, q), (B, k)."""
-        qs, qe, ks = self.chunks[i]
-        return self.pos[..., qs:qe], self.pos[..., ks:qe]
+        qs, qe, _ = self.chunks[i]
+        return self.pos[..., qs:qe], self.chunk_keys(i, self.pos, -1)
 
     def mask(self, i: int, dtype: torch.dtype) -> Optional[torch.Tensor]:
         if self.causal[i]:
@@ -131,14 +150,14 @@ class AttentionPlan:
             return self._masks[i].to(dtype)
         qs, qe, ks = self.chunks[i]
         q_pos, k_pos = self.chunk_positions(i)
-        q_idx, k_idx = self.index[qs:qe], self.index[ks:qe]
+        q_idx, k_idx = self.index[qs:qe], self.chunk_keys(i, self.index, -1)
         rel = k_idx[None, :] - q_idx[:, None]  # (q, k): key minus query index
         allowed = rel <= 0
         if self.window is not None:
             allowed = allowed & (rel > -self.window)
         if self.block is not None:  # keys from the query's previous block on
             allowed = allowed & (k_idx[None, :] >= (q_idx[:, None] // self.block - 1) * self.block)
-        if self.sinks:  # the first S tokens stay visible (ks = 0 with sinks: they are the first columns)
+        if self.sinks:  # the first S tokens stay visible (they are the first columns: key_span)
             allowed = allowed | ((k_idx[None, :] < self.sinks) & (rel <= 0))
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.distance_bias is None):  # else: a constant
             bias = None if self.folded else self.encoding.bias(q_pos, k_pos)  # (1 or B, H, q, k) or None
@@ -157,35 +176,38 @@ class AttentionPlan:
     def cache_positions(self, q_pos: torch.Tensor) -> torch.Tensor:  # in a cache of S sinks + W recent tokens
         return q_pos.clamp(max=self.sinks + self.window - 1)
 
-    def _bias_factors(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if i not in self._factors:  # float64 factors, shared by all layers of this forward
-            qs, qe, ks = self.chunks[i]
-            self._factors[i] = self.encoding.bias_factors(*self.chunk_positions(i))
-        return self._factors[i]  # (H, q, E), (H or B, H, k, E)
 
-    def fold_channels(self, head_dim: int, dtype: torch.dtype) -> int:
-        """How many channels ``fold_bias`` appends to q and k (and the model to v) for this head dimension."""
-        E2 = self._bias_factors(0)[0].shape[-1] * _fold_parts(dtype)
-        return E2 + (-(head_dim + E2) % 8)
+def _bias_factors(plan: AttentionPlan, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if i not in plan.factors:  # float64 factors, shared by all layers of this forward
+        plan.factors[i] = plan.encoding.bias_factors(*plan.chunk_positions(i))
+    return plan.factors[i]  # (H, q, E), (H or B, H, k, E)
 
-    def fold_bias(self, i: int, q: torch.Tensor, k: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append the encoding's bias factors to chunk i's q (B, H, q, D) and k (B, H, k, D), so that
-        scale * q' . k' = scale * q . k + bias + a per-query constant; v needs ``fold_channels`` zero channels
-        to match (SDPA's fused kernels need one head dimension). Each key factor is split into a high part in
-        q's dtype and rounding rests (2 parts in float32, 3 in bf16), so the bias keeps at least float32
-        precision; channels are padded to a multiple of 8 for the GPU kernels."""
-        qf, kf = self._bias_factors(i)  # (H, q, E), (H, k, E) or (B, H, k, E) for per-sequence positions
-        parts, rest = [], kf / scale
-        for _ in range(_fold_parts(k.dtype)):
-            parts.append(rest.to(k.dtype))
-            rest = rest - parts[-1].double()
-        qx = torch.cat([qf] * len(parts), -1).to(q.dtype)  # (H, q, parts * E)
-        kx = torch.cat(parts, -1)  # (H, k, parts * E)
-        pad = self.fold_channels(q.shape[-1], q.dtype) - qx.shape[-1]
-        B = q.shape[0]
-        q = torch.cat((q, F.pad(qx, (0, pad)).expand(B, -1, -1, -1)), -1)
-        k = torch.cat((k, F.pad(kx, (0, pad)).expand(B, -1, -1, -1)), -1)
-        return q, k
+
+def fold_channels(plan: AttentionPlan, head_dim: int, dtype: torch.dtype) -> int:
+    """How many channels ``fold_bias`` appends to q and k (and the model to v) for this head dimension."""
+    E2 = _bias_factors(plan, 0)[0].shape[-1] * _fold_parts(dtype)
+    return E2 + (-(head_dim + E2) % 8)
+
+
+def fold_bias(plan: AttentionPlan, i: int, q: torch.Tensor, k: torch.Tensor, scale: float
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Append the encoding's bias factors to chunk i's q (B, H, q, D) and k (B, H, k, D), so that
+    scale * q' . k' = scale * q . k + bias + a per-query constant; v needs ``fold_channels`` zero channels
+    to match (SDPA's fused kernels need one head dimension). Each key factor is split into a high part in
+    q's dtype and rounding rests (2 parts in float32, 3 in bf16), so the bias keeps at least float32
+    precision; channels are padded to a multiple of 8 for the GPU kernels."""
+    qf, kf = _bias_factors(plan, i)  # (H, q, E), (H, k, E) or (B, H, k, E) for per-sequence positions
+    parts, rest = [], kf / scale
+    for _ in range(_fold_parts(k.dtype)):
+        parts.append(rest.to(k.dtype))
+        rest = rest - parts[-1].double()
+    qx = torch.cat([qf] * len(parts), -1).to(q.dtype)  # (H, q, parts * E)
+    kx = torch.cat(parts, -1)  # (H, k, parts * E)
+    pad = fold_channels(plan, q.shape[-1], q.dtype) - qx.shape[-1]
+    B = q.shape[0]
+    q = torch.cat((q, F.pad(qx, (0, pad)).expand(B, -1, -1, -1)), -1)
+    k = torch.cat((k, F.pad(kx, (0, pad)).expand(B, -1, -1, -1)), -1)
+    return q, k
 
 
 def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
@@ -254,8 +276,8 @@ def sink_window(encoding: encodings.Encoding, window: Optional[int], length: Opt
 
 def sink_attention(plan: AttentionPlan, i: int, raw: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor,
                    k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """Chunk i with attention sinks: q (B, H, q, D) rotated at the queries' positions, k, v (B, H, k, D) from
-    key 0 on, ``raw`` the chunk's queries and the sink keys before ``rotate``. Towards the first S keys the
+    """Chunk i with attention sinks: q (B, H, q, D) rotated at the queries' positions, k, v (B, H, k, D) the
+    chunk's keys, sinks first (``key_span``), ``raw`` the chunk's queries and the sink keys before ``rotate``. Towards the first S keys the
     logits come from the queries rotated at their cache positions (the bias there is in the mask already).
     An encoding with ``has_attention_logits`` (CoPE) derives positions from the visible set itself."""
     encoding = plan.encoding
@@ -285,13 +307,13 @@ def attend(encoding: encodings.Encoding, plan: AttentionPlan, q: torch.Tensor, k
     q_raw, k_raw = q, k  # sink_attention rotates queries again, at their cache positions
     q, k = encoding.rotate(q, k, plan.pos)
     if plan.folded:  # zero channels to match the bias channels folded into q and k, once for all chunks
-        v = F.pad(v, (0, plan.fold_channels(D, v.dtype)))  # (B, H, T, D + extra)
+        v = F.pad(v, (0, fold_channels(plan, D, v.dtype)))  # (B, H, T, D + extra)
     outs = []
     for i, (qs, qe, ks) in enumerate(plan.chunks):
-        qc, kc, vc = q[:, :, qs:qe], k[:, :, ks:qe], v[:, :, ks:qe]
+        qc, kc, vc = q[:, :, qs:qe], plan.chunk_keys(i, k, 2), plan.chunk_keys(i, v, 2)
         if plan.folded:
-            qc, kc = plan.fold_bias(i, qc, kc, scale)  # (B, H, *, D + extra channels)
-        mask = plan.mask(i, q.dtype)  # None (causal chunk) or (1, H or 1, qe - qs, qe - ks)
+            qc, kc = fold_bias(plan, i, qc, kc, scale)  # (B, H, *, D + extra channels)
+        mask = plan.mask(i, q.dtype)  # None (causal chunk) or (1, H or 1, qe - qs, p + qe - ks)
         if plan.sinks:  # StreamingLLM's cache: the first S keys plus the window, re-indexed
             raw = (q_raw[:, :, qs:qe], k_raw[:, :, :min(plan.sinks, qe)])
             y = sink_attention(plan, i, raw, qc, kc, vc, mask, scale)

@@ -205,7 +205,7 @@ def test_two_process_sweep_gives_the_single_process_numbers_and_only_rank_0_writ
     for key in a:
         assert a[key][0] == b[key][0] == "ok"
         assert a[key][1] == pytest.approx(b[key][1], rel=1e-6), key  # measured 1.1e-8
-        assert a[key][2] == pytest.approx(b[key][2], abs=LOSS_TOL), key
+        assert a[key][2] == pytest.approx(b[key][2], abs=LOSS_TOL + 1e-5), key  # records round it to 5 decimals
     assert "x2 (DDP 2 processes, gloo)" in data["run"]["device"]
     files = sorted(p.relative_to(out0).as_posix() for p in out0.rglob("*"))
     assert files == sorted(p.relative_to(tmp_path / "single").as_posix() for p in (tmp_path / "single").rglob("*"))

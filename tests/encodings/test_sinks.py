@@ -84,8 +84,8 @@ def sharpen(model, factor=8.0):
     return model
 
 
-def row_bytes(H, T):  # the bytes the plan gives one query row on the sink path: 4 H T LOGIT_TENSORS
-    return 4 * H * T * AttentionPlan.LOGIT_TENSORS
+def row_bytes(H, keys):  # the bytes of one query row of `keys` logits on the sink path: 4 H keys LOGIT_TENSORS
+    return 4 * H * keys * AttentionPlan.LOGIT_TENSORS
 
 
 @pytest.mark.parametrize("row,S,W,heads", [("rope+sink4+sw8", 4, 8, 2), ("alibi+sink2+sw8", 2, 8, 4)])
@@ -126,19 +126,24 @@ def test_two_layers_and_a_batch_equal_the_reference():
 def test_plan_masks_are_exactly_the_visible_set(row, window, S, W, rows_per_chunk):
     T = 40
     enc = encodings.build(row, d_model=32, n_heads=4, train_len=32)
-    budget = 64 << 20 if rows_per_chunk is None else rows_per_chunk * row_bytes(4, T)
+    # a chunk of r queries holds at most S + W - 1 + r keys: the budget of r such rows
+    budget = 64 << 20 if rows_per_chunk is None else rows_per_chunk * row_bytes(4, S + W + rows_per_chunk)
     plan = AttentionPlan(enc, torch.arange(T), window, max_mask_bytes=budget, batch=1)
     assert plan.sinks == S and plan.window == W
     if rows_per_chunk is not None:
-        assert max(qe - qs for qs, qe, _ in plan.chunks) <= rows_per_chunk
+        assert max(qe - qs for qs, qe, _ in plan.chunks) == rows_per_chunk
     rows = []
     for c, (qs, qe, ks) in enumerate(plan.chunks):
-        m = plan.mask(c, torch.float32)  # (1, H or 1, q, qe - ks)
-        assert m.shape[-2:] == (qe - qs, qe - ks)
+        keys = plan.chunk_keys(c, torch.arange(T), -1)  # the sinks still visible, then [ks, qe)
+        p = plan.key_span(c)[0]
+        assert keys.tolist() == list(range(p)) + list(range(ks, qe)) and p == min(S, ks)
+        assert ks == max(0, qs - W + 1)  # no chunk holds keys its window has left behind, bar the sinks
+        m = plan.mask(c, torch.float32)  # (1, H or 1, q, p + qe - ks)
+        assert m.shape[-2:] == (qe - qs, len(keys))
         seen = torch.isfinite(m).all(dim=1)[0]  # every head sees the same keys
         assert torch.equal(seen, torch.isfinite(m).any(dim=1)[0])
         full = torch.zeros(qe - qs, T, dtype=torch.bool)
-        full[:, ks:qe] = seen
+        full[:, keys] = seen
         rows.append(full)
     got = torch.cat(rows)
     assert got.shape == (T, T)

@@ -184,6 +184,27 @@ def test_chunked_lm_head_equals_full_logits(llama_dir):
     torch.testing.assert_close(chunked, full, rtol=1e-5, atol=1e-5)
 
 
+def test_the_chunked_loss_keeps_memory_at_one_chunk_whatever_the_length():
+    """4,096 positions of a 49,152-token vocabulary are 805 MB of float32 logits; the loss holds at most one
+    64 MiB chunk of them (and its log-softmax) at a time, and gives that memory back. With 32 MiB chunks the
+    process's resident memory grew by about 1 GB here: glibc kept every freed chunk on its heap."""
+    from posenc_bench.env import process_memory, reset_peak_rss
+    V, C, L = 49152, 64, 4096
+    g = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(C, V, bias=False)
+    hidden, y = torch.randn(1, L, C, generator=g), torch.randint(0, V, (1, L), generator=g)
+    if not reset_peak_rss() or process_memory("VmRSS") is None:
+        pytest.skip("no /proc/self peak RSS on this platform")
+    before = process_memory("VmRSS")
+    with torch.inference_mode():
+        nll = hf.head_nll(head, hidden, y)
+    grown, kept = process_memory("VmHWM") - before, process_memory("VmRSS") - before
+    assert grown < 300 << 20 and kept < 100 << 20, (grown >> 20, kept >> 20)
+    with torch.inference_mode():  # and the values are the full loss's
+        full = torch.nn.functional.cross_entropy(head(hidden[0, :300]), y[0, :300], reduction="none")
+    torch.testing.assert_close(nll[0, :300], full, rtol=1e-5, atol=1e-5)
+
+
 def test_already_scaled_model_uses_its_original_length(tokenizer, tmp_path):
     d = save_llama(tmp_path / "scaled", tokenizer, max_positions=128,
                    rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from posenc_bench.model.attention import AttentionPlan
+from posenc_bench.model.attention import AttentionPlan, fold_bias, fold_channels
 from posenc_bench.model.transformer import DecoderLM, ModelConfig
 
 
@@ -142,8 +142,8 @@ def test_folded_alibi_keeps_precision_at_long_lengths(dtype, tol):
     torch.manual_seed(0)
     q, k = torch.randn(1, H, qe - qs, D).to(dtype), torch.randn(1, H, qe - ks, D).to(dtype)
     scale = D**-0.5
-    qa, ka = plan.fold_bias(i, q, k, scale)
-    assert qa.shape[-1] == ka.shape[-1] == D + plan.fold_channels(D, dtype)  # v gets as many zero channels
+    qa, ka = fold_bias(plan, i, q, k, scale)
+    assert qa.shape[-1] == ka.shape[-1] == D + fold_channels(plan, D, dtype)  # v gets as many zero channels
     rows = [0, 127, qe - qs - 1]  # first, middle, last query of the chunk
     folded = (qa[0, :, rows].float() @ ka[0].float().transpose(-1, -2)) * scale  # (H, 3, k), float32
     qpos = torch.arange(qs, qe)[rows]
