@@ -63,8 +63,8 @@ class AttentionPlan:
     window of W keys (the encoding's W, else the model's); towards them a query is biased and rotated from its
     cache position, min(i, S + W - 1) (``sink_attention``), its recent keys keep their true distances.
 
-    Chunk i covers queries [qs, qe) and keys [ks, qe); with S sinks, keys [0, min(S, ks)) come first (the
-    sinks, when the window has left them behind), so a chunk costs its window, not its whole prefix. When all chunks' masks together fit in
+    Chunk i covers queries [qs, qe) and keys [ks, qe), after keys [0, min(S, ks)) with S sinks (``key_span``):
+    a sink chunk costs its window, not its whole prefix. When all chunks' masks together fit in
     ``max_mask_bytes`` they are built once per forward and shared by the layers; otherwise each layer rebuilds
     them, so at most one chunk's mask is alive at a time.
     """
