@@ -203,8 +203,8 @@ class _HFRows:
                 self.unscaled.update({d["eval_len"]: d for d in done if d["status"] == "ok"})
             return
         records = [self._record(row, scaling, L) for L in sorted(lengths)]  # shortest first: peak RSS grows
+        store.put_cell(row, 0, records)  # saved before it is reported: a row that was logged is on disk
         self.log(summary_line(row, records))
-        store.put_cell(row, 0, records)
 
     def _record(self, row: str, scaling: Optional[str], L: int) -> dict:
         hf, info = self.hf, self.run["model"]
@@ -349,7 +349,7 @@ def eval_checkpoint(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], Non
                 records.append(measured(rec, evaluate_model(model, evalset, L, rt)))
             except PositionOutOfRange as e:
                 records.append(not_measured(rec, "n/a", str(e)))
+        store.put_cell(row, seed, records)  # saved, then reported
         log(summary_line(row, records))
-        store.put_cell(row, seed, records)
 
     return out, _evaluate_rows(ResultsFolder(out), run, opts.fresh, evaluate_row)

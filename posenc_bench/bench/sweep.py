@@ -247,8 +247,8 @@ class Sweep:
             return done
         model, meta = self.models.get(name, window, seed)
         records = [self._record(row, name, window, seed, L, keys, meta, model) for L in self.evalset.lengths]
+        self.store.put_cell(row, seed, records)  # saved before it is reported: a row that was logged is on disk
         self.rt.log(summary_line(f"{row} seed {seed}", records))
-        self.store.put_cell(row, seed, records)
         return records
 
     def _record(self, row: str, name: str, window: Optional[int], seed: int, L: int, keys: dict, meta: dict,

@@ -2,18 +2,22 @@
 
 - ``sinusoidal``: Vaswani et al., "Attention Is All You Need", NeurIPS 2017 (arXiv:1706.03762), sec. 3.5:
   PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)), added to the token
-  embeddings multiplied by sqrt(d) (sec. 3.4). The paper pairs that factor with embeddings initialised at
-  std d^-0.5 (tensor2tensor's ``embedding``): tokens at RMS 1 beside the table's 1/sqrt(2), a ratio of
-  1.41 : 1. Every model here shares one initialisation, std ``INIT_STD`` = 0.02, under which x * sqrt(d)
-  (RMS 0.23 at d = 128) sits below the table (0.32 : 1). ``token_scale`` (0: sqrt(d), the default) and
-  ``pe_scale`` (default 1) choose the scales; token_scale 1 with pe_scale ``INIT_STD`` keeps the paper's
-  ratio at the shared initialisation.
+  embeddings. The paper multiplies the embeddings by sqrt(d) (sec. 3.4), with embeddings initialised at std
+  d^-0.5 (tensor2tensor's ``embedding``): the tokens enter at RMS 1 beside the table's RMS 1/sqrt(2), a
+  ratio of 1.41 to 1. Every model here shares one initialisation instead, std ``INIT_STD`` = 0.02 (GPT-2's),
+  under which sqrt(d) x the embeddings (RMS 0.23 at d = 128) would sit *below* the table (0.71, a ratio of
+  0.32) and start the residual stream 11x larger than every other encoding's. So the default keeps the
+  paper's ratio at the shared scale: x + PE * INIT_STD (table RMS 0.014 beside the tokens' 0.02), with the
+  token embeddings unscaled as in every other row. ``token_scale`` (0: sqrt(d)) and ``pe_scale`` give the
+  other choices; results/default/README.md measures them (the literal x * sqrt(d) + PE is token_scale 0,
+  pe_scale 1).
 - ``learned``: a trained table of one vector per position, as in GPT-2 (Radford et al., 2019) and
   BERT (Devlin et al., 2019); it has exactly train-length rows and cannot go past them.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import torch
@@ -54,7 +58,7 @@ class Sinusoidal(Encoding):
     positions_in_embedding = True
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int, base: float = 10000.0,
-                 token_scale: float = 0.0, pe_scale: float = 1.0) -> None:
+                 token_scale: float = 1.0, pe_scale: float = INIT_STD) -> None:
         """embed(x) = x * token_scale + PE * pe_scale; token_scale 0 means sqrt(d) (the paper's sec. 3.4)."""
         super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len)
         if d_model % 2:
@@ -66,6 +70,12 @@ class Sinusoidal(Encoding):
         self.pe_scale = float(pe_scale)
         self._table = torch.empty(0, d_model)
 
+    @classmethod
+    def key_options(cls, train_len: int, options: dict) -> dict:
+        # the defaults changed from the literal x * sqrt(d) + PE: the key names the scales, so models trained
+        # under the old defaults are not taken for these
+        defaults = inspect.signature(cls.__init__).parameters
+        return {k: float(options.get(k, defaults[k].default)) for k in ("token_scale", "pe_scale")}
 
     def embed(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         needed = int(pos.max()) + 1

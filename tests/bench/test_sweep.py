@@ -148,3 +148,20 @@ def test_bad_data_is_reported_before_the_config_dump(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert len(err.strip().splitlines()) == 1 and "effective config" not in out
 
+
+
+def test_a_row_is_on_disk_before_its_summary_line_is_printed(tmp_path, monkeypatch):
+    """Stopping a sweep right after a row's line appears in the log loses nothing: the line is printed only
+    once the row's records are in results.json."""
+    from posenc_bench.bench import sweep
+
+    out, seen = tmp_path / "out", []
+
+    def summary(row, records):
+        saved = json.loads((out / "results.json").read_text())["records"]
+        seen.append((row, sum(r["encoding"] == records[0]["encoding"] for r in saved)))
+        return f"  {row}"
+
+    monkeypatch.setattr(sweep, "summary_line", summary)
+    assert run(out, "--encodings", "nope,alibi") == 0
+    assert seen == [("nope seed 0", 4), ("alibi seed 0", 4)]  # each row's 4 lengths already saved

@@ -31,26 +31,26 @@ def test_sinusoidal_embed_adds_the_table_and_extends_past_train_len():
     enc = Sinusoidal(d_model=16, n_heads=2, train_len=8)
     x = torch.zeros(2, 30, 16)
     out = enc.embed(x, torch.arange(30))
-    assert torch.equal(out[1], sinusoidal_table(30, 16))
+    assert torch.equal(out[1], sinusoidal_table(30, 16) * INIT_STD)
     x = torch.ones(1, 3, 16)
-    assert torch.allclose(enc.embed(x, torch.arange(3)), 4.0 + sinusoidal_table(3, 16))  # x * sqrt(16) + PE
-    ratio = Sinusoidal(d_model=16, n_heads=2, train_len=8, token_scale=1, pe_scale=INIT_STD)
-    assert torch.allclose(ratio.embed(x, torch.arange(3)), 1.0 + INIT_STD * sinusoidal_table(3, 16))  # x + PE * 0.02
+    assert torch.allclose(enc.embed(x, torch.arange(3)), 1.0 + INIT_STD * sinusoidal_table(3, 16))  # x + PE * 0.02
+    literal = Sinusoidal(d_model=16, n_heads=2, train_len=8, token_scale=0, pe_scale=1)  # the paper's x sqrt(d) + PE
+    assert torch.allclose(literal.embed(x, torch.arange(3)), 4.0 + sinusoidal_table(3, 16))
 
 
-def test_sinusoidal_pe_scale_init_std_keeps_the_papers_token_to_position_ratio_at_the_shared_init():
+def test_sinusoidal_default_keeps_the_papers_token_to_position_ratio_at_the_shared_init():
     """Vaswani et al. with tensor2tensor's init: tokens at RMS 1 (std d^-0.5 x sqrt(d)) beside the table's
-    1/sqrt(2). Here every embedding starts at std INIT_STD (the model's own init), and pe_scale INIT_STD
-    keeps the ratio; the model's token embeddings really start at that std."""
+    1/sqrt(2). Here every embedding starts at std INIT_STD (the model's own init), and the table is scaled to
+    keep the ratio; the model's token embeddings really start at that std."""
     from posenc_bench.model.transformer import DecoderLM, ModelConfig
 
     d = 128
-    cfg = ModelConfig(d_model=d, encoding_options={"sinusoidal": {"token_scale": 1.0, "pe_scale": INIT_STD}})
-    model = DecoderLM(cfg, "sinusoidal", 64, seed=0)
+    model = DecoderLM(ModelConfig(d_model=d), "sinusoidal", 64, seed=0)
     tok_rms = model.tok_emb.weight.pow(2).mean().sqrt().item()
     pe_rms = (model.encoding.embed(torch.zeros(1, 64, d), torch.arange(64))).pow(2).mean().sqrt().item()
     assert tok_rms == pytest.approx(INIT_STD, rel=0.02)
     assert tok_rms / pe_rms == pytest.approx(math.sqrt(2), rel=0.02)  # the paper's 1 : 1/sqrt(2)
+    assert Sinusoidal.key_options(64, {}) == {"token_scale": 1.0, "pe_scale": INIT_STD}  # not the old models' key
 
 
 def test_learned_table_raises_named_error_past_its_length():

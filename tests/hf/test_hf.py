@@ -328,3 +328,20 @@ def test_passkey_on_a_hugging_face_model_with_its_tokenizer_and_a_scaling(llama_
     assert data["model"] == "hf:tiny-llama+yarn" and {r["length"] for r in data["records"]} == {256, 512}
     assert data["checkpoint"]["model"]["class"] == "LlamaForCausalLM"
     assert main(["passkey", "--model", f"hf:{llama_dir}", "--encoding", "rope-yarn"]) == 2
+
+
+def test_a_pretrained_row_is_on_disk_before_its_summary_line_is_printed(llama_dir, tmp_path, monkeypatch):
+    """As for `run`: a long eval stopped right after a row's line is logged keeps that row."""
+    from posenc_bench.bench import pretrained
+
+    out, seen = tmp_path / "out", []
+
+    def summary(row, records):
+        saved = json.loads((out / "results.json").read_text())["records"]
+        seen.append((row, sum(r["encoding"] == row for r in saved)))
+        return f"  {row}"
+
+    monkeypatch.setattr(pretrained, "summary_line", summary)
+    assert main(["eval", "--model", f"hf:{llama_dir}", "--eval-lens", "1,2x", "--rope-scaling", "linear",
+                 "--out", str(out), *EVAL]) == 0
+    assert [n for _, n in seen] == [2, 2] and seen[1][0].endswith("+linear")
