@@ -205,7 +205,7 @@ def test_report_and_plot_bad_input_is_one_line_exit_2(tmp_path, capsys, monkeypa
     assert message in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("name", ["default", "default-3seeds"])
+@pytest.mark.parametrize("name", ["default"])
 def test_committed_table_md_is_what_report_builds(name):
     folder = ROOT / "results" / name
     assert (folder / "table.md").read_text() == report.render(report.load_runs([folder]))
