@@ -149,7 +149,6 @@ def test_bad_data_is_reported_before_the_config_dump(tmp_path, capsys):
     assert len(err.strip().splitlines()) == 1 and "effective config" not in out
 
 
-
 def test_a_row_is_on_disk_before_its_summary_line_is_printed(tmp_path, monkeypatch):
     """Stopping a sweep right after a row's line appears in the log loses nothing: the line is printed only
     once the row's records are in results.json."""
