@@ -85,6 +85,7 @@ class Intervals:
         self.models: dict[tuple[str, int], str] = {(label(r), r["seed"]): model_of(r) for r in records}
         self.problem = _units_problem(records)
         self.unit_size = self.n_units = 0
+        self._measured = np.zeros((len(self.rows), len(self.seeds), len(self.lengths)), dtype=bool)  # (R, S, L)
         if self.problem:
             return
         units = next(r["units"] for r in records if r.get("units"))
@@ -95,6 +96,7 @@ class Intervals:
             if r["status"] == "ok" and r.get("units"):
                 nll[self.rows.index(label(r)), self.seeds.index(r["seed"]), self.lengths.index(r["eval_len"])] = \
                     r["units"]["nll"]
+        self._measured = ~np.isnan(nll[..., 0])  # (R, S, L): this row has a number at this seed and length
         tokens = np.asarray(units["tokens"], dtype=float)  # (units,)
         nbytes = np.asarray(units["bytes"], dtype=float)
         rng = np.random.default_rng(seed)
@@ -153,8 +155,17 @@ class Intervals:
             return None
         if not paired:
             b = np.concatenate([b[:1], np.random.default_rng(SEED + 1).permutation(b[1:])])
-        kind = "paired" if self.same_model(row, ref) or len(self.seeds) >= MIN_SEEDS else "text-only"
+        # seeds are resampled only where both rows have enough of them: a folder can hold rows run with
+        # different --seeds, and a one-seed row's interval knows nothing of how another seed moves it
+        seeds = min(self.seeds_measured(r, length) for r in (row, ref))
+        kind = "paired" if self.same_model(row, ref) or seeds >= MIN_SEEDS else "text-only"
         return Comparison(self._bounds(a / b), kind)
+
+    def seeds_measured(self, row: str, length: int) -> int:
+        """How many training seeds of ``row`` have a number at ``length``."""
+        if row not in self.rows or length not in self.lengths:
+            return 0
+        return int(self._measured[self.rows.index(row), :, self.lengths.index(length)].sum())
 
     def windows(self, length: int) -> int:
         """Independent windows at ``length``: the targets / length (windows share no context)."""
@@ -165,8 +176,13 @@ class Intervals:
         if self.problem:
             return f"intervals: not available ({self.problem})"
         seeds = (f"{len(self.seeds)} training seeds and " if len(self.seeds) > 1 else "")
-        text_only = (f"; with fewer than {MIN_SEEDS} seeds, rows that are different trained models are not compared "
-                     "(text-only intervals)") if len(self.seeds) < MIN_SEEDS else ""
+        text_only = ""
+        if len(self.seeds) < MIN_SEEDS:
+            text_only = (f"; with fewer than {MIN_SEEDS} seeds, rows that are different trained models are not "
+                         "compared (text-only intervals)")
+        elif any(self._measured[i].any(axis=1).sum() < MIN_SEEDS for i in range(len(self.rows))):
+            text_only = (f"; rows with fewer than {MIN_SEEDS} seeds are not compared with other trained models "
+                         "(text-only intervals)")
         return (f"intervals: {self.ci:.0%}, paired bootstrap over {seeds}{self.n_units} units of "
                 f"{self.unit_size} targets{text_only}")
 

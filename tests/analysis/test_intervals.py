@@ -108,6 +108,23 @@ def test_seed_spread_widens_the_interval_and_few_seeds_are_text_only():
     assert c.interval.lo > 1  # the text alone would call it: the label is what withholds the claim
 
 
+def test_a_row_with_fewer_seeds_than_the_folder_is_compared_text_only():
+    """A folder can hold rows run with different --seeds: only rows that both have MIN_SEEDS seeds are paired
+    over seeds; a one-seed row's interval says nothing of another seed, whatever the other rows have."""
+    rng = np.random.default_rng(7)
+    sums = _unit_sums(rng, 1.5, 100)
+    recs = [_rec(row, s, 128, sums + TOKENS * (0.05 * i + 0.01 * s)) for i, row in enumerate("ab") for s in range(3)]
+    recs.append(_rec("c", 0, 128, sums + TOKENS * 0.10))
+    iv = Intervals(recs)
+    assert [iv.seeds_measured(r, 128) for r in "abc"] == [3, 3, 1] and iv.seeds_measured("zz", 128) == 0
+    assert iv.compare("ppl", "b", "a", 128).kind == "paired"
+    for row, ref in (("c", "a"), ("a", "c")):
+        c = iv.compare("ppl", row, ref, 128)
+        assert c.kind == "text-only" and c.significant is None
+    assert "rows with fewer than 3 seeds are not compared" in iv.describe()
+    assert "not compared" not in Intervals([r for r in recs if r["encoding"] != "c"]).describe()
+
+
 def test_same_model_rows_are_compared_with_one_seed():
     rng = np.random.default_rng(5)
     sums = _unit_sums(rng, 1.5, 100)
