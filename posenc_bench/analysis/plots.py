@@ -146,8 +146,20 @@ def _panel_axes(n: int, height: float = 4.2):
 def _mark_train_lengths(ax, lengths) -> None:
     for T in sorted(lengths):
         ax.axvline(T, color="0.5", linestyle=":", linewidth=1)
-        ax.annotate(f"train length {T}", (T, 1), xycoords=("data", "axes fraction"), xytext=(3, -12),
+        ax.annotate(f"train length {T}", (T, 0), xycoords=("data", "axes fraction"), xytext=(3, 4),
                     textcoords="offset points", fontsize=8, color="0.4")
+
+
+def _line_with_band(ax, xs, ys, below, above, label: str, look: dict) -> None:
+    """A row's line with its interval as a shaded band (a bar where the row has one length: a band needs two)."""
+    if len(xs) == 1:
+        ax.errorbar(xs, ys, yerr=(below, above) if any(below + above) else None, label=label, markersize=4,
+                    capsize=2, **look)
+        return
+    (line,) = ax.plot(xs, ys, label=label, markersize=4, **look)
+    if any(below + above):
+        ax.fill_between(xs, [y - b for y, b in zip(ys, below)], [y + a for y, a in zip(ys, above)],
+                        color=line.get_color(), alpha=0.15, linewidth=0)
 
 
 def _selected(run: Run, rows: Optional[Sequence[str]]) -> list[str]:
@@ -174,7 +186,6 @@ def plot_ppl_vs_length(runs: Sequence[Run], out: Path, formats: Sequence[str] = 
                 if not pts:
                     continue
                 xs, ys, below, above = zip(*pts)
-                es = (below, above)
                 means += ys
                 label = (f"{run.label}: {row}" if run.label else row) + (" (reference)" if row in refs else "")
                 if len(pts) < len({r["eval_len"] for r in run.data["records"]}):
@@ -182,8 +193,7 @@ def plot_ppl_vs_length(runs: Sequence[Run], out: Path, formats: Sequence[str] = 
                 look = dict(REFERENCE) if row in refs else {**style(j - len(refs)), "linestyle": "-"}
                 if len(runs) > 1:
                     look["linestyle"] = ["-", "--", ":", "-."][i % 4]
-                ax.errorbar(xs, ys, yerr=es if any(below + above) else None, label=label, markersize=4, capsize=2,
-                            **look)
+                _line_with_band(ax, xs, ys, below, above, label, look)
         _mark_train_lengths(ax, {r["train_len"] for run in runs for r in run.data["records"]})
         ax.set_xscale("log", base=2)
         ax.set_xticks(lengths, [str(L) for L in lengths])
@@ -195,7 +205,7 @@ def plot_ppl_vs_length(runs: Sequence[Run], out: Path, formats: Sequence[str] = 
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="best")
-    fig.suptitle("Perplexity against eval length (same target tokens at every length; bars: "
+    fig.suptitle("Perplexity against eval length (same target tokens at every length; bands: "
                  + (f"{ivs[0].ci:.0%} intervals)" if any(iv.available for iv in ivs) else "± std over seeds)"))
     _caption(fig, runs)
     return _save(fig, out, "ppl_vs_length", formats)

@@ -117,3 +117,25 @@ def test_plot_rows_selects_like_run_encodings(tmp_path, capsys):
     assert main(["plot", str(folder), "--out", str(tmp_path / "g"), "--rows", "rope,ropey"]) == 2
     err = capsys.readouterr().err
     assert "row 'ropey' is not in the results; rows: sinusoidal, learned" in err and err.count("\n") == 1
+
+
+def test_each_row_with_an_interval_gets_a_band_that_spans_it(tmp_path, monkeypatch):
+    from matplotlib.collections import PolyCollection
+
+    from posenc_bench.analysis.intervals import Intervals
+
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, out, stem, formats: figures.append(fig) or [])
+    runs = report.load_runs([ROOT / "results" / "default"])
+    plots.plot_ppl_vs_length(runs, tmp_path, rows=["rope", "alibi", "learned"])
+    ax = next(a for a in figures[0].axes if a.get_visible())
+    bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
+    assert len(bands) == 2  # rope and alibi; learned has one length (a bar, not a band)
+    iv = Intervals(runs[0].data["records"])
+    for band, row in zip(bands, ["rope", "alibi"]):
+        verts = band.get_paths()[0].vertices
+        for L in (128, 192, 256, 512):
+            i = iv.interval("ppl", row, L)
+            ys = verts[np.isclose(verts[:, 0], L), 1]
+            assert np.isclose(ys.min(), i.lo) and np.isclose(ys.max(), i.hi), (row, L, ys, i)
+    assert "bands: 95% intervals" in figures[0]._suptitle.get_text()
