@@ -37,7 +37,8 @@ TITLES = {
     "ppl": "Perplexity (lower is better; columns: eval length as a multiple of the train length)",
     "bpb": "Bits per byte (lower is better; columns: eval length as a multiple of the train length)",
     "ratio": "Perplexity relative to the same model at the train length (1x)",
-    "training": "Training (mean train loss, nats) and context use at 1x (test loss early vs late in the window)",
+    "training": "Training (train loss, nats) and context use at 1x (test loss early vs late in the window), each the "
+                "mean over the row's seeds",
     "cost": "Cost of each evaluation: wall time, and peak memory (records that measured it; = base: the row reuses "
             "the base model's numbers there)",
 }
@@ -48,11 +49,12 @@ COMPARE_TITLE = "Perplexity relative to {ref} at the same length (paired); *: th
 TEXT_ONLY_NOTE = (f"text-only interval: a different trained model and fewer than {MIN_SEEDS} seeds, so another seed could "
                   "move it by more than the text does; no significance claimed")
 # A model that uses its context predicts later positions of a window better than the first ones. At 1x, the
-# test loss over the second half of the window must be this many nats below the first bucket's (positions 0-7
-# in the default run). Rows that use position drop by 0.12-0.32 nats there; NoPE at the default scale by 0.003.
+# test loss over the second half of the window must be this many nats below the first position bucket's (the
+# bucket is the longest eval length / eval.position_buckets wide: positions 0-7 in the default run, 0-31 in
+# sotu-512), averaged over the row's seeds. The note names the positions, so "local" has its width.
 PLATEAU_MARGIN = 0.05
-PLATEAU_NOTE = ("uses only local context: at 1x its loss late in the window is not {:g} nats below its loss in the "
-                "first positions, so its extrapolation numbers say little about the encoding")
+PLATEAU_NOTE = ("uses only local context: at 1x its loss over positions {late} is not {margin:g} nats below its loss "
+                "over positions {early}, so its extrapolation numbers say little about the encoding")
 MARKER_OPEN = "<!-- posenc-bench table: {} -->"
 MARKER_CLOSE = "<!-- /posenc-bench table -->"
 
@@ -280,6 +282,16 @@ def _early_late(rec: dict) -> Optional[tuple[float, float]]:
     return by_pos[0]["loss"], sum(b["loss"] * b["tokens"] for b in late) / sum(b["tokens"] for b in late)
 
 
+def context_positions(records: list[dict], row: str) -> Optional[tuple[str, str]]:
+    """The positions ``context_use`` compares for ``row`` at 1x, as text: ("0-7", "64-127") in the default run."""
+    rec = next((r for r in records if r["encoding"] == row and r["eval_len"] == r["train_len"]
+                and _early_late(r) is not None), None)
+    if rec is None:
+        return None
+    first, L = rec["loss_by_position"][0], rec["eval_len"]
+    return f"{first['start']}-{first['end'] - 1}", f"{L // 2}-{L - 1}"
+
+
 def on_plateau(records: list[dict], row: str) -> bool:
     """Whether ``row``'s model did not learn to use its context (see PLATEAU_MARGIN)."""
     use = context_use(records, row)
@@ -362,7 +374,9 @@ def annotate(table: Table, runs: Sequence[Run], intervals: dict[str, Intervals],
     for run in runs:
         for row in table.rows:
             if on_plateau(run.data["records"], row):
-                table.row_notes[row] = notes.setdefault(PLATEAU_NOTE.format(PLATEAU_MARGIN), f"[{len(notes) + 1}]")
+                early, late = context_positions(run.data["records"], row)
+                note = PLATEAU_NOTE.format(early=early, late=late, margin=PLATEAU_MARGIN)
+                table.row_notes[row] = notes.setdefault(note, f"[{len(notes) + 1}]")
     for j, col in enumerate(table.columns):
         iv = intervals.get(col.run)
         if iv is not None and iv.available and iv.windows(col.eval_len) < MIN_WINDOWS:
@@ -473,25 +487,28 @@ def hf_caption(run: dict) -> str:
 def training_table(records: list[dict], row_order: list[str] | None = None) -> pd.DataFrame:
     """Did each model learn to use context? Train loss along the run, and at 1x the loss of the first
     positions of a window against its second half: a model stuck on the no-position plateau predicts from
-    a few local bytes, so its loss hardly falls with position. Seed 0 (or the lowest seed) of each row."""
+    a few local bytes, so its loss hardly falls with position. The mean over each row's seeds, which is what
+    the plateau flag reads (``on_plateau``)."""
     rows = []
     for enc in row_order or list(dict.fromkeys(r["encoding"] for r in records)):
-        recs = [r for r in records if r["encoding"] == enc and r["eval_len"] == r["train_len"]]
+        recs = sorted((r for r in records if r["encoding"] == enc and r["eval_len"] == r["train_len"]),
+                      key=lambda x: x["seed"])
         if not recs:
             continue
-        r = min(recs, key=lambda x: x["seed"])
-        curve = r.get("train_curve") or []
         row = {"encoding": enc}
+        curves = [dict(c[:2] for c in r["train_curve"]) for r in recs if r.get("train_curve")]
         for frac in (0.25, 0.5, 1.0):
-            if curve:
-                step, loss = min(curve, key=lambda c: abs(c[0] - frac * curve[-1][0]))
-                row[f"train loss @ step {step}"] = f"{loss:.3f}"
-        if (use := _early_late(r)) is not None:
-            first = r["loss_by_position"][0]
-            row[f"1x loss, positions {first['start']}-{first['end'] - 1}"] = f"{use[0]:.3f}"
-            row[f"1x loss, positions {r['eval_len'] // 2}-{r['eval_len'] - 1}"] = f"{use[1]:.3f}"
+            if curves:
+                last = max(curves[0])
+                step = min(curves[0], key=lambda s: abs(s - frac * last))
+                losses = [c[step] for c in curves if step in c]
+                row[f"train loss @ step {step}"] = f"{sum(losses) / len(losses):.3f}"
+        if (use := context_use(records, enc)) is not None:
+            early, late = context_positions(records, enc)
+            row[f"1x loss, positions {early}"] = f"{use[0]:.3f}"
+            row[f"1x loss, positions {late}"] = f"{use[1]:.3f}"
         else:
-            row["status"] = r["status"]
+            row["status"] = recs[0]["status"]
         rows.append(row)
     return pd.DataFrame(rows).set_index("encoding") if rows else pd.DataFrame()
 

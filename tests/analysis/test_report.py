@@ -56,6 +56,27 @@ def test_training_table_reads_curves_and_positions():
     assert t.loc["rope", "1x loss, positions 50-99"] == "1.250"
 
 
+def test_training_table_is_the_mean_over_seeds_that_the_plateau_flag_reads():
+    recs = []
+    for seed, (curve_end, early, late) in enumerate([(2.0, 2.00, 1.97), (1.0, 2.20, 2.11)]):
+        r = rec("learned", seed, 100, 4.0)
+        r["train_curve"] = [[20, 3.0], [40, curve_end]]
+        r["loss_by_position"] = [{"start": 0, "end": 8, "loss": early, "tokens": 5},
+                                 {"start": 50, "end": 100, "loss": late, "tokens": 5}]
+        recs.append(r)
+    t = training_table(recs)
+    assert t.loc["learned", "train loss @ step 40"] == "1.500"
+    assert t.loc["learned", "1x loss, positions 0-7"] == "2.100"  # seed 0 alone: 2.000
+    assert t.loc["learned", "1x loss, positions 50-99"] == "2.040"
+    # the mean gains 0.06 nats: not flagged, though seed 0 alone (0.03) would be
+    assert not report.on_plateau(recs, "learned") and report.on_plateau(recs[:1], "learned")
+    flagged = report.render([report.Run("", "", results(["learned"], recs[:1]))], values=["ppl"])
+    assert "| learned [1] |" in flagged and (
+        "[1] uses only local context: at 1x its loss over positions 50-99 is not 0.05 nats below its loss over "
+        "positions 0-7, so its extrapolation numbers say little about the encoding") in flagged
+    assert "[1]" not in report.render([report.Run("", "", results(["learned"], recs))], values=["ppl"])
+
+
 def test_caption_states_what_was_measured_and_keeps_the_dirty_mark():
     from posenc_bench.bench.config import RunConfig
     from posenc_bench.analysis.report import caption
