@@ -87,24 +87,32 @@ def _encodings_of(run: Run) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-# Panels of the line figures, by encoding family (encodings.family): each family's rows share a panel, and a
-# family not named here (a newer encoding) goes to "newer encodings"; rows that are not registered encodings
-# (a pretrained model's) to "pretrained models". The scaling panels also draw the model they evaluate (rope),
-# grey and dotted, as their reference.
-PANELS = (("classic encodings", ("classic absolute", "relative bias", "rotary", "none")),
-          ("RoPE, zero-shot scalings", ("rotary scaling (zero-shot)",)),
+# Panels of the line figures, by what each encoding class declares (encodings.family and Encoding.newer), so a
+# new encoding lands in its panel with no list to edit: the classic trained encodings; the newer trained ones;
+# RoPE's zero-shot scalings and fixes, and its fine-tuned scalings (these two also draw the model they
+# evaluate, rope, grey and dotted, as their reference); randomized positions; a family not named here; rows
+# that are not registered encodings (a pretrained model's).
+CLASSIC = ("classic absolute", "relative bias", "rotary", "none")
+PANELS = (("classic encodings", CLASSIC),
+          ("newer encodings", CLASSIC + ("contextual",)),
+          ("RoPE, zero-shot scalings and fixes",
+           ("rotary scaling (zero-shot)", "rotary fix (zero-shot)", "attention sinks (zero-shot)")),
           ("RoPE, fine-tuned", ("rotary scaling (fine-tuned)",)),
-          ("newer encodings", None),
+          ("randomized positions", ("randomized positions",)),
+          ("other encodings", None),
           ("pretrained models", ()))
+NEWER_PANEL, OTHER_PANEL = 1, len(PANELS) - 2
 MARKERS = "osD^v<>ph*"
 
 
 def _panel_index(row: str) -> int:
     try:
-        fam = encodings.family(encodings.get_class(parse_row(row)[0]))
+        cls = encodings.get_class(parse_row(row)[0])
     except PosencError:
         return len(PANELS) - 1
-    return next((i for i, (_, fams) in enumerate(PANELS) if fams and fam in fams), 3)
+    fam = encodings.family(cls)
+    return next((i for i, (_, fams) in enumerate(PANELS)
+                 if fams and fam in fams and (i == NEWER_PANEL) == bool(cls.newer)), OTHER_PANEL)
 
 
 def panels(rows: Sequence[str]) -> list[tuple[str, list[str], list[str]]]:

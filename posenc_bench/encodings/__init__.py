@@ -68,6 +68,9 @@ class Encoding(nn.Module):
     family: ClassVar[str] = ""
     # The paper (or post) it comes from, short: authors, year, venue or arXiv id.
     paper: ClassVar[str] = ""
+    # True for a trained encoding newer than the classic six (sinusoidal, learned, T5, RoPE, ALiBi, NoPE) that
+    # the length-generalisation literature compares today: figures draw these in a panel of their own.
+    newer: ClassVar[bool] = False
     # An eval-only variant names the trained encoding whose checkpoint it reuses (e.g. rope-linear -> rope).
     trained_as: ClassVar[Optional[str]] = None
     # A fine-tuned variant (e.g. rope-linear-ft): the runner first continues training the trained_as checkpoint

@@ -28,6 +28,7 @@ from posenc_bench.encodings import Encoding, register
 class CoPE(Encoding):
     summary = "positions counted by sigmoid(q.k) gates, interpolated position logits (CoPE); Golovneva et al. 2024"
     family = "contextual"
+    newer = True
     paper = "Golovneva et al. 2024 (arXiv:2405.18719)"
     has_attention_logits = True
 

@@ -34,6 +34,7 @@ HIDDEN_ELEMENTS = 1 << 22  # the most (rows x keys x width) hidden activations o
 class FIRE(Encoding):
     summary = "learned MLP of log distance normalised by log query position (FIRE); Li et al. 2024"
     family = "relative bias"
+    newer = True
     paper = "Li et al., ICLR 2024 (arXiv:2310.04418)"
     has_bias = True
     batched_positions = True

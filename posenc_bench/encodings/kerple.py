@@ -51,6 +51,7 @@ def toeplitz_bias(values, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Ten
 
 class _Kerple(Encoding):
     family = "relative bias"
+    newer = True
     paper = "Chi et al., NeurIPS 2022 (arXiv:2205.09921)"
     has_bias = True
     batched_positions = True

@@ -38,6 +38,7 @@ class PartialRoPE(RoPE):
 
     summary = "RoPE on the highest 75% of frequency pairs, the rest unrotated (p-RoPE); Barbero et al. 2025"
     family = "rotary"
+    newer = True
     paper = "Barbero et al., ICLR 2025 (arXiv:2410.06205)"
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int, theta: float = 10000.0,

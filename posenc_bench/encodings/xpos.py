@@ -45,6 +45,7 @@ def xpos_scales(pos: torch.Tensor, zeta: torch.Tensor, scale_base: float) -> tor
 class XPos(RoPE):
     summary = "RoPE with per-frequency exponential decay of q.k with distance (xPos); Sun et al. 2023"
     family = "rotary"
+    newer = True
     paper = "Sun et al., ACL 2023 (arXiv:2212.10554)"
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int, theta: float = 10000.0,

@@ -78,11 +78,23 @@ def test_learned_bias_comes_from_the_runs_checkpoint(tmp_path):
 def test_families_get_their_own_panels_without_a_hand_kept_list():
     rows = report.load_runs([ROOT / "results" / "default"])[0].data["run"]["rows"]
     got = {title: (mine, refs) for title, mine, refs in plots.panels(rows)}
-    assert list(got) == ["classic encodings", "RoPE, zero-shot scalings", "RoPE, fine-tuned"]
+    assert list(got) == ["classic encodings", "RoPE, zero-shot scalings and fixes", "RoPE, fine-tuned"]
     assert got["classic encodings"][0] == ["sinusoidal", "learned", "t5", "rope", "alibi", "nope"]
-    assert got["RoPE, zero-shot scalings"] == (["rope-linear", "rope-ntk", "rope-dynamic", "rope-yarn", "rope-llama3"], ["rope"])
+    assert got["RoPE, zero-shot scalings and fixes"] == (["rope-linear", "rope-ntk", "rope-dynamic", "rope-yarn",
+                                                          "rope-llama3"], ["rope"])
     assert got["RoPE, fine-tuned"][0][0] == "rope-ft" and got["RoPE, fine-tuned"][1] == ["rope"]
     assert plots.panels(["hf:SmolLM2+linear"]) == [("pretrained models", ["hf:SmolLM2+linear"], [])]
+    # the full sweep: the newer trained encodings, the zero-shot fixes and the +rand rows each find their panel
+    full = report.load_runs([ROOT / "results" / "full"])[0].data["run"]["rows"]
+    got = {title: (mine, refs) for title, mine, refs in plots.panels(full)}
+    assert list(got) == ["classic encodings", "newer encodings", "RoPE, zero-shot scalings and fixes",
+                         "randomized positions"]
+    assert got["classic encodings"][0] == ["sinusoidal", "learned", "t5", "rope", "alibi", "nope"]
+    assert set(got["newer encodings"][0]) == {"rope-partial", "xpos", "xpos+bca", "kerple", "kerple-power", "fire",
+                                              "cope"}
+    assert {"rope-rerope", "rope-leaky", "rope-selfextend", "rope+sink4+sw124", "rope-yarn"} <= set(
+        got["RoPE, zero-shot scalings and fixes"][0]) and got["RoPE, zero-shot scalings and fixes"][1] == ["rope"]
+    assert all(r.endswith("+rand") for r in got["randomized positions"][0]) and len(got["randomized positions"][0]) == 5
 
 
 def test_no_two_rows_of_a_panel_share_colour_and_marker(tmp_path, monkeypatch):
