@@ -29,11 +29,13 @@ AVX2_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "MKL_ENABLE_I
 
 @pytest.mark.slow
 def test_committed_default_rows_retrain_to_their_numbers(tmp_path):
-    """Two cheap rows of results/default (rope and nope, seed 0), trained again from step 0 with the folder's
-    own config on the current code, give the committed numbers: to 1e-3 relative, and bitwise on both CPUs
-    tried (with and without AVX-512). Two shards run side by side at the config's one thread each, with the AVX2 kernels, as the
-    committed run did: without the pin, a CPU with AVX-512 rounds differently and after 400 steps rope's ppl
-    at 4x moves by 3e-3 (7.587 against 7.610)."""
+    """Two cheap rows of results/default (alibi and nope, seed 0), trained again from step 0 with the folder's
+    own config on the current code, give the committed numbers to 1e-3 relative. Two shards run side by side
+    at the config's one thread each, with the AVX2 kernels, as the committed run did. On the machine that made
+    the records (an AMD EPYC) they are bitwise equal; on an Intel Xeon with the same pin, alibi is within 6e-7
+    and nope within 7e-5. Not rope: the pinned AVX2 code still rounds differently on the two vendors' CPUs, and
+    rope's ppl past the train length amplifies that (seed 0 at 4x: 7.5886 on the Xeon against 7.6098, 2.8e-3;
+    1x 5.6e-4; final train loss 1.7e-4)."""
     import os
     import subprocess
     import sys
@@ -41,9 +43,9 @@ def test_committed_default_rows_retrain_to_their_numbers(tmp_path):
 
     folder = Path(__file__).resolve().parents[1] / "results" / "default"
     committed = {(r["encoding"], r["eval_len"]): r for r in json.loads((folder / "results.json").read_text())["records"]
-                 if r["seed"] == 0 and r["encoding"] in ("rope", "nope")}
+                 if r["seed"] == 0 and r["encoding"] in ("alibi", "nope")}
     argv = [sys.executable, "-m", "posenc_bench", "run", "--config", str(folder / "config.yaml"), "--encodings",
-            "rope,nope", "--seeds", "1", "--out", str(tmp_path), "--progress", "off"]
+            "alibi,nope", "--seeds", "1", "--out", str(tmp_path), "--progress", "off"]
     env = {**os.environ, **AVX2_KERNELS}
     shards = [subprocess.Popen([*argv, "--shard", f"{i}/2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                env=env) for i in (1, 2)]
