@@ -17,6 +17,7 @@ import matplotlib
 matplotlib.use("Agg")  # headless: no display needed, same output everywhere
 
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import torch  # noqa: E402
 
 from posenc_bench import encodings  # noqa: E402
@@ -208,6 +209,8 @@ def plot_ppl_vs_length(runs: Sequence[Run], out: Path, formats: Sequence[str] = 
         ax.minorticks_off()
         if means and max(means) / min(means) > 4:
             ax.set_yscale("log")
+            for axis_format in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+                axis_format(matplotlib.ticker.FormatStrFormatter("%g"))  # 6, not 6 x 10^0
         ax.set_xlabel("eval length (tokens)")
         ax.set_ylabel("perplexity (lower is better)")
         ax.set_title(title)

@@ -226,21 +226,27 @@ def test_report_and_plot_bad_input_is_one_line_exit_2(tmp_path, capsys, monkeypa
     assert message in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("name", ["default"])
+@pytest.mark.parametrize("name", ["default", "full", "sotu-512"])
 def test_committed_table_md_is_what_report_builds(name):
     folder = ROOT / "results" / name
     assert (folder / "table.md").read_text() == report.render(report.load_runs([folder]))
 
 
-@pytest.mark.parametrize("page,values,command", [
-    ("README.md", "ppl", "posenc-bench report results/default --value ppl --update README.md"),
-    ("docs/results.md", report.DEFAULT_VALUES, "posenc-bench report results/default --update docs/results.md"),
+@pytest.mark.parametrize("page,folder,values", [
+    ("README.md", "default", "ppl"),
+    ("README.md", "sotu-512", "ppl,ratio"),
+    ("docs/results.md", "default", report.DEFAULT_VALUES),
+    ("docs/results.md", "sotu-512", report.DEFAULT_VALUES),
+    ("docs/results.md", "full", "ppl,ratio"),
+    ("results/sotu-512/README.md", "sotu-512", "ppl,ratio"),
 ])
-def test_readme_and_docs_tables_are_what_report_builds_from_the_committed_results(page, values, command):
-    block = report.read_block((ROOT / page).read_text(), "results/default")
-    assert block is not None, f"{page} lost its <!-- posenc-bench table: results/default --> block"
-    assert block == report.render(report.load_runs([ROOT / "results" / "default"]), values=values), (
-        f"the table in {page} is stale: run `{command}`")
+def test_readme_and_docs_tables_are_what_report_builds_from_the_committed_results(page, folder, values):
+    key = f"results/{folder}"
+    block = report.read_block((ROOT / page).read_text(), key)
+    assert block is not None, f"{page} lost its <!-- posenc-bench table: {key} --> block"
+    value_flag = "" if values == report.DEFAULT_VALUES else f" --value {values}"
+    assert block == report.render(report.load_runs([ROOT / key]), values=values), (
+        f"the table in {page} is stale: run `posenc-bench report {key}{value_flag} --update {page}`")
 
 
 def test_caption_names_every_commit_when_rows_were_added_later():
