@@ -226,7 +226,7 @@ def test_report_and_plot_bad_input_is_one_line_exit_2(tmp_path, capsys, monkeypa
     assert message in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("name", ["default", "full", "sotu-512"])
+@pytest.mark.parametrize("name", ["default", "full", "sotu-512", "sotu-512-full"])
 def test_committed_table_md_is_what_report_builds(name):
     folder = ROOT / "results" / name
     assert (folder / "table.md").read_text() == report.render(report.load_runs([folder]))
@@ -239,6 +239,7 @@ def test_committed_table_md_is_what_report_builds(name):
     ("docs/results.md", "sotu-512", report.DEFAULT_VALUES),
     ("docs/results.md", "full", "ppl,ratio"),
     ("results/sotu-512/README.md", "sotu-512", "ppl,ratio"),
+    ("results/sotu-512-full/README.md", "sotu-512-full", "ppl,ratio"),
 ])
 def test_readme_and_docs_tables_are_what_report_builds_from_the_committed_results(page, folder, values):
     key = f"results/{folder}"
