@@ -15,7 +15,7 @@ from posenc_bench.encodings.absolute import sinusoidal_table
 from posenc_bench.encodings.rope import default_inv_freq, rope_cos_sin_halves
 from posenc_bench.model.attention import AttentionPlan
 from posenc_bench.model.transformer import CausalSelfAttention, ModelConfig
-from posenc_bench.bench.timing import floor_fns, hf_rotary, textbook_sinusoidal
+from posenc_bench.bench.references import floor_fns, hf_rotary, textbook_sinusoidal
 
 D_MODEL, HEAD_DIM = 512, 128
 
@@ -48,10 +48,7 @@ def test_rope_cache(benchmark, gen_length, fast, what):
     benchmark(fn)
 
 
-TRAINED = [n for n in encodings.available() if encodings.get_class(n).trained_as is None]
-
-
-@pytest.mark.parametrize("name", TRAINED + ["alibi (explicit bias)"])
+@pytest.mark.parametrize("name", encodings.trained() + ["alibi (explicit bias)"])
 def test_attention_forward(benchmark, attn_length, fast, name):
     d, D = dims(fast)
     H = d // D

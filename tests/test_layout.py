@@ -4,7 +4,8 @@
   imports commands; hf, passkey and timing never import the sweep; analysis never trains; the model never
   imports the data module;
 - no class over 150 lines, no function over 80, none with more than 8 parameters, outside the model's
-  numerical kernels (listed below, each with the reason).
+  numerical kernels (listed below, each with the reason); no module over 450 lines;
+- tests mirror the package: every module posenc_bench/<sub>/<name>.py has its tests in tests/<sub>/test_<name>.py.
 """
 
 import ast
@@ -12,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "posenc_bench"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "posenc_bench"
+MODULE_LINES = 450
 # layer of each top-level module or subpackage; a module may import its own layer or lower ones
-LAYERS = {"__init__": 0, "errors": 0, "files": 0, "progress": 0, "env": 1, "data": 1, "encodings": 2, "model": 3,
+LAYERS = {"__init__": 0, "errors": 0, "files": 0, "progress": 0, "values": 0, "env": 1, "data": 1, "encodings": 2, "model": 3,
           "hf": 4, "bench": 5, "analysis": 6, "commands": 7, "__main__": 8}
 # (importer prefix, imported prefix) pairs that must never occur even where the layers would allow them
 FORBIDDEN = [
@@ -121,3 +124,23 @@ def test_the_checks_can_fail(tmp_path):
     assert layer("posenc_bench.commands.cli") > layer("posenc_bench.model.transformer")
     with pytest.raises(KeyError):
         layer("posenc_bench.nosuch.thing")
+
+
+def test_no_module_is_over_450_lines():
+    long = [f"{p.relative_to(PACKAGE)}: {n} lines" for p in sorted(PACKAGE.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MODULE_LINES]
+    assert not long, "\n".join(long)
+
+
+def test_every_module_has_its_test_file():
+    """posenc_bench/bench/rows.py -> tests/bench/test_rows.py; posenc_bench/data.py -> tests/test_data.py. The
+    package's __init__ modules (re-exports, the version) and __main__ (the entry point) have nothing of their own."""
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if rel.name in ("__init__.py", "__main__.py"):
+            continue
+        test = ROOT / "tests" / rel.parent / f"test_{rel.stem}.py"
+        if not test.is_file():
+            missing.append(f"{rel} has no {test.relative_to(ROOT)}")
+    assert not missing, "\n".join(missing)

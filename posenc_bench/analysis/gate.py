@@ -29,6 +29,9 @@ its length).
 
 Results are comparable only when measured the same way: same corpus and eval tokens (fingerprints), model,
 training, data and evaluation settings, precision and window. Anything else is refused with the field named.
+Results of two kinds (a training run and an eval, or evals of a Hugging Face model and of a checkpoint of ours)
+have different fields, so they are refused in one line that says what each side is, and --update-baseline
+does not replace a baseline by results of another kind.
 """
 
 from __future__ import annotations
@@ -41,7 +44,10 @@ from typing import Optional
 
 from posenc_bench.errors import PosencError
 from posenc_bench.bench.records import ResultsError, differences, read_results
+from posenc_bench.analysis.captions import kind, kind_text
 from posenc_bench.analysis.intervals import CI, Intervals
+from posenc_bench.analysis.seeds import RATIO, Seeds, mean_std, over_seeds, with_ratio_to_1x
+from posenc_bench.analysis.tables import train_len
 from posenc_bench.files import atomic_write_json, atomic_write_text
 
 PASS, FAIL = 0, 1
@@ -121,6 +127,15 @@ def _describe(c: Check) -> str:
 # ----------------------------------------------------------------------------------------- comparable?
 
 
+def same_kind(baseline: dict, current: dict, then: str) -> None:
+    """Refuse, in one line saying what each side is, results of two kinds (``captions.kind``: a training run, an
+    eval of a Hugging Face model, an eval of a checkpoint of ours): each kind has its own identity fields, so the
+    fields where they differ say nothing useful. ``then``: what to do instead."""
+    b, c = baseline["run"], current["run"]
+    if kind(b) != kind(c):
+        raise GateError(f"the current results are {kind_text(c)}, the baseline {kind_text(b)}: {then}")
+
+
 def incomparable(baseline: dict, current: dict) -> list[str]:
     """The fields where two results differ (the one identity rule, ``bench.records``), as
     'field: baseline X, current Y'."""
@@ -131,44 +146,20 @@ def incomparable(baseline: dict, current: dict) -> list[str]:
 # ---------------------------------------------------------------------------------------------- compare
 
 
-@dataclass
-class _Cell:
-    status: str
-    reason: str
-    ppl: list[float]  # one per ok seed
-    ratio: list[float]  # ppl / same seed's ppl at 1x, per ok seed
-    seeds: int
-
-
-def _cells(data: dict) -> dict[tuple[str, int], _Cell]:
-    records = data["records"]
-    ref = {(r["encoding"], r["seed"]): r["ppl"] for r in records if r["eval_len"] == r["train_len"] and r["status"] == "ok"}
+def _cells(data: dict) -> dict[tuple[str, int], tuple[Seeds, Seeds]]:
+    """(row, eval length) -> its ppl and its ratio to 1x over the seeds (``analysis/seeds.py``)."""
     groups: dict[tuple[str, int], list[dict]] = {}
-    for r in records:
+    for r in with_ratio_to_1x(data["records"]):
         groups.setdefault((r["encoding"], r["eval_len"]), []).append(r)
-    out = {}
-    for key, group in groups.items():
-        ok = [r for r in group if r["status"] == "ok" and r.get("ppl") is not None]
-        bad = [r for r in group if r["status"] != "ok"]
-        status = "ok" if ok else ("diverged" if any(r["status"] == "diverged" for r in bad) else "n/a")
-        ratios = [r["ppl"] / ref[r["encoding"], r["seed"]] for r in ok if (r["encoding"], r["seed"]) in ref]
-        out[key] = _Cell(status, str(bad[0].get("reason", "")) if bad else "", [r["ppl"] for r in ok], ratios,
-                         len(group))
-    return out
-
-
-def _mean_std(xs: list[float]) -> tuple[float, float]:
-    m = sum(xs) / len(xs)
-    s = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
-    return m, s
+    return {key: (over_seeds(group, "ppl"), over_seeds(group, RATIO)) for key, group in groups.items()}
 
 
 def _check(enc: str, L: int, T: int, metric: str, b: list[float], c: list[float], limits: tuple[float, float],
            paired: Optional[Intervals] = None) -> Check:
     """One metric of one cell: ``limits`` (tolerance, sigmas); ``paired`` the bootstrap of both runs, if any."""
     tol, sigmas = limits
-    bm, bs = _mean_std(b)
-    cm, _ = _mean_std(c)
+    bm, bs = mean_std(b)
+    cm, _ = mean_std(c)
     change = cm / bm - 1
     allowed, source = tol, "tolerance"
     ratio = paired.compare(metric, f"current:{enc}", f"baseline:{enc}", L) if paired is not None else None
@@ -188,6 +179,10 @@ def _check(enc: str, L: int, T: int, metric: str, b: list[float], c: list[float]
 
 def compare(baseline: dict, current: dict, tolerances: dict[str, Tolerance], default: Tolerance) -> GateResult:
     """Every check of ``current`` against ``baseline`` (both results files' contents)."""
+    source = ("the same eval with --update-baseline --current <that folder>" if kind(current["run"])[0] == "eval"
+              else "the same config with --update-baseline --config <config>")
+    same_kind(baseline, current, f"the gate compares results of one kind; make a baseline from {source} "
+                                 "--baseline <a new file>")
     diffs = incomparable(baseline, current)
     if diffs:
         raise GateError(
@@ -197,41 +192,47 @@ def compare(baseline: dict, current: dict, tolerances: dict[str, Tolerance], def
         )
     bc, cc = _cells(baseline), _cells(current)
     paired = _paired(baseline, current)
-    train_len = baseline["run"]["config"]["train"]["train_len"]
+    T = train_len(baseline["run"])
     checks: list[Check] = []
     b_rows = list(dict.fromkeys(k[0] for k in bc))
     c_rows = list(dict.fromkeys(k[0] for k in cc))
     for enc in b_rows:
-        tol = tolerances.get(enc, default)
         if enc not in c_rows:
-            checks.append(Check(enc, 0, train_len, "-", verdict="MISSING",
-                                detail="in the baseline but not in the current run"))
+            checks.append(Check(enc, 0, T, "-", verdict="MISSING", detail="in the baseline but not in the current run"))
             continue
         for (e, L), b in bc.items():
-            if e != enc:
-                continue
-            c = cc.get((enc, L))
-            if c is None:
-                checks.append(Check(enc, L, train_len, "-", verdict="MISSING",
-                                    detail="this length is in the baseline but not in the current run"))
-                continue
-            if b.status != "ok" or c.status != "ok":
-                if b.status == c.status:
-                    checks.append(Check(enc, L, train_len, "-", verdict="n/a", detail=f"{b.status} in both"))
-                elif b.status == "ok" or c.status == "diverged":
-                    checks.append(Check(enc, L, train_len, "-", verdict="REGRESSED",
-                                        detail=f"{b.status} in the baseline, {c.status} now: {c.reason}"))
-                else:
-                    checks.append(Check(enc, L, train_len, "-", verdict="improved",
-                                        detail=f"{b.status} in the baseline, {c.status} now"))
-                continue
-            checks.append(_check(enc, L, train_len, "ppl", b.ppl, c.ppl, (tol.ppl_tol, tol.sigmas), paired))
-            if L != train_len and b.ratio and c.ratio:
-                checks.append(_check(enc, L, train_len, "ratio", b.ratio, c.ratio, (tol.ratio_tol, tol.sigmas), paired))
+            if e == enc:
+                checks += _cell_checks(enc, L, T, b, cc.get((enc, L)), tolerances.get(enc, default), paired)
     for enc in c_rows:
         if enc not in b_rows:
-            checks.append(Check(enc, 0, train_len, "-", verdict="new",
+            checks.append(Check(enc, 0, T, "-", verdict="new",
                                 detail="not in the baseline: not gated (add it with --update-baseline)"))
+    return GateResult(checks, _notes(baseline, current, checks, paired))
+
+
+def _cell_checks(enc: str, L: int, T: int, b: tuple[Seeds, Seeds], c: Optional[tuple[Seeds, Seeds]], tol: Tolerance,
+                 paired: Optional[Intervals]) -> list[Check]:
+    """The checks of one cell: its ppl and ratio to 1x (``b``, ``c``: baseline and current, over seeds), or
+    what changed when it is missing now or not ok on either side."""
+    if c is None:
+        return [Check(enc, L, T, "-", verdict="MISSING",
+                      detail="this length is in the baseline but not in the current run")]
+    (b_ppl, b_ratio), (c_ppl, c_ratio) = b, c
+    if b_ppl.status != "ok" or c_ppl.status != "ok":
+        if b_ppl.status == c_ppl.status:
+            return [Check(enc, L, T, "-", verdict="n/a", detail=f"{b_ppl.status} in both")]
+        if b_ppl.status == "ok" or c_ppl.status == "diverged":
+            return [Check(enc, L, T, "-", verdict="REGRESSED",
+                          detail=f"{b_ppl.status} in the baseline, {c_ppl.status} now: {c_ppl.reason}")]
+        return [Check(enc, L, T, "-", verdict="improved", detail=f"{b_ppl.status} in the baseline, {c_ppl.status} now")]
+    checks = [_check(enc, L, T, "ppl", b_ppl.values, c_ppl.values, (tol.ppl_tol, tol.sigmas), paired)]
+    if L != T and b_ratio.values and c_ratio.values:
+        checks.append(_check(enc, L, T, "ratio", b_ratio.values, c_ratio.values, (tol.ratio_tol, tol.sigmas), paired))
+    return checks
+
+
+def _notes(baseline: dict, current: dict, checks: list[Check], paired: Optional[Intervals]) -> list[str]:
+    """What a reader of the verdicts should know: other versions or device, and which bound widened checks."""
     notes = []
     for k in ("torch", "transformers"):
         bv, cv = baseline["run"].get("versions", {}).get(k), current["run"].get("versions", {}).get(k)
@@ -247,7 +248,7 @@ def compare(baseline: dict, current: dict, tolerances: dict[str, Tolerance], def
         notes.append(f"{len(widened)} check(s) allow more than the tolerance because the interval of the change is wider")
     if paired is None:
         notes.append("no per-unit numbers in both files: the seed-spread rule (gate.sigmas) applies")
-    return GateResult(checks, notes)
+    return notes
 
 
 def _paired(baseline: dict, current: dict) -> Optional[Intervals]:

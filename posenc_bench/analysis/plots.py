@@ -21,10 +21,12 @@ import matplotlib.ticker  # noqa: E402
 import torch  # noqa: E402
 
 from posenc_bench import encodings  # noqa: E402
-from posenc_bench.bench.config import parse_row, select_rows  # noqa: E402
+from posenc_bench.bench.rows import Row, select_rows  # noqa: E402
 from posenc_bench.errors import PosencError  # noqa: E402
 from posenc_bench.analysis.intervals import Intervals  # noqa: E402
-from posenc_bench.analysis.report import Run, short_caption  # noqa: E402
+from posenc_bench.analysis.captions import short_caption  # noqa: E402
+from posenc_bench.analysis.seeds import mean_std, over_seeds  # noqa: E402
+from posenc_bench.analysis.tables import Run, row_order, train_len  # noqa: E402
 
 FORMATS = ("png", "svg")
 DPI = 110
@@ -59,30 +61,20 @@ def _mean_by_length(records: list[dict], row: str, iv: Optional[Intervals] = Non
     least one: the interval (analysis/intervals.py) where ``iv`` has one, else mean ± std over seeds."""
     out = []
     for L in sorted({r["eval_len"] for r in records if r["encoding"] == row}):
-        vals = [r["ppl"] for r in records if r["encoding"] == row and r["eval_len"] == L and r["status"] == "ok"]
+        vals = over_seeds([r for r in records if r["encoding"] == row and r["eval_len"] == L], "ppl").values
         if vals:
-            mean = sum(vals) / len(vals)
-            std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+            mean, std = mean_std(vals)
             i = iv.interval("ppl", row, L) if iv is not None else None
-            out.append((L, mean, mean - i.lo, i.hi - mean) if i is not None else (L, mean, std, std))
+            out.append((L, mean, mean - i.lo, i.hi - mean) if i is not None else (L, mean, std or 0.0, std or 0.0))
     return out
-
-
-def _rows(run: Run) -> list[str]:
-    order = list(run.data["run"].get("rows") or [])
-    return order + [r for r in dict.fromkeys(x["encoding"] for x in run.data["records"]) if r not in order]
-
-
-def _train_len(run: Run) -> int:
-    return run.data["run"].get("train_len") or run.data["run"]["config"]["train"]["train_len"]
 
 
 def _encodings_of(run: Run) -> list[str]:
     """The registered encodings behind a run's rows (none for a pretrained model's rows)."""
     names = []
-    for row in _rows(run):
+    for row in row_order(run.data):
         try:
-            names.append(parse_row(row)[0])
+            names.append(Row.parse(row).encoding)
         except PosencError:
             continue
     return list(dict.fromkeys(names))
@@ -108,7 +100,7 @@ MARKERS = "osD^v<>ph*"
 
 def _panel_index(row: str) -> int:
     try:
-        cls = encodings.get_class(parse_row(row)[0])
+        cls = Row.parse(row).cls
     except PosencError:
         return len(PANELS) - 1
     fam = encodings.family(cls)
@@ -125,7 +117,7 @@ def panels(rows: Sequence[str]) -> list[tuple[str, list[str], list[str]]]:
             refs = []
             for r in mine:
                 try:
-                    base = encodings.get_class(parse_row(r)[0]).trained_as
+                    base = Row.parse(r).cls.trained_as
                 except PosencError:
                     base = None
                 if base and base in rows and base not in mine and base not in refs:
@@ -172,7 +164,7 @@ def _line_with_band(ax, xs, ys, below, above, label: str, look: dict) -> None:
 
 
 def _selected(run: Run, rows: Optional[Sequence[str]]) -> list[str]:
-    every = _rows(run)
+    every = row_order(run.data)
     return every if rows is None else [r for r in every if r in rows]
 
 
@@ -250,7 +242,7 @@ def plot_loss_by_position(run: Run, out: Path, formats: Sequence[str] = FORMATS,
     if not groups:
         raise PlotError(f"{run.path}: no record has a loss by position")
     fig, axes = _panel_axes(len(groups))
-    T = _train_len(run)
+    T = train_len(run.data["run"])
     for ax, (title, mine, refs) in zip(axes, groups):
         for j, row in enumerate(refs + mine):
             L, pts = curves[row]
@@ -311,7 +303,7 @@ def _bias_encoding(run: Run, name: str) -> tuple[encodings.Encoding | None, str]
         return None, f"no ok {name!r} record"
     from posenc_bench.bench import checkpoint
 
-    ckpt = checkpoint.checkpoint_dir(Path(run.path if Path(run.path).is_dir() else Path(run.path).parent), name, None,
+    ckpt = checkpoint.checkpoint_dir(Path(run.path if Path(run.path).is_dir() else Path(run.path).parent), Row(name),
                                      recs[0]["seed"])
     key = checkpoint.cell_key_of(ckpt)
     if key is None:
@@ -368,7 +360,7 @@ def plot_all(runs: Sequence[Run], out: Path | str, formats: Sequence[str] = FORM
     bad = [f for f in formats if f not in FORMATS]
     if bad or not formats:
         raise PlotError(f"unknown figure format(s) {', '.join(map(repr, bad)) or '(none)'}; valid: {', '.join(FORMATS)}")
-    every = list(dict.fromkeys(r for run in runs for r in _rows(run)))
+    every = list(dict.fromkeys(r for run in runs for r in row_order(run.data)))
     chosen = None if rows is None else select_rows(rows, every, every)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,8 @@ from typing import Optional
 import torch
 
 from posenc_bench import encodings
-from posenc_bench.bench.config import RunConfig, _from_dict, row_name
+from posenc_bench.bench.config import RunConfig, config_from_dict
+from posenc_bench.bench.rows import Row
 from posenc_bench.errors import ConfigError, PosencError
 from posenc_bench.files import atomic_write, atomic_write_text
 from posenc_bench.model.transformer import DecoderLM
@@ -37,9 +38,9 @@ class CheckpointError(PosencError):
     """A checkpoint folder that is not whole: unreadable meta, missing or corrupt weights."""
 
 
-def checkpoint_dir(out: Path | str, name: str, window: Optional[int], seed: int) -> Path:
-    """Where the model of (trained or fine-tuned encoding, window, seed) lives in a results folder."""
-    return Path(out) / "checkpoints" / f"{row_name(name, window)}-seed{seed}"
+def checkpoint_dir(out: Path | str, row: Row, seed: int) -> Path:
+    """Where the model of a trained or fine-tuned row (``Row.model``) at ``seed`` lives in a results folder."""
+    return Path(out) / "checkpoints" / f"{row.name}-seed{seed}"
 
 
 def _sha256(path: Path) -> str:
@@ -71,12 +72,17 @@ class Checkpoint:
     meta: dict
 
     @property
+    def row(self) -> Row:
+        """The trained (or fine-tuned) row whose model this is."""
+        return Row(self.meta["encoding"], self.meta["window"])
+
+    @property
     def finished_ok(self) -> bool:
         return self.meta["outcome"]["status"] == "ok"
 
     @property
     def config(self) -> RunConfig:
-        return _from_dict(RunConfig, self.meta["config"], "")
+        return config_from_dict(self.meta["config"])
 
     def load_into(self, model: DecoderLM) -> DecoderLM:
         """``model`` with these weights (strict: every tensor must fit), verified against the recorded hash."""
@@ -127,29 +133,29 @@ def find(path: Path, key: str) -> Optional[Checkpoint]:
     return ckpt
 
 
-def build_model(cfg: RunConfig, name: str, window: Optional[int], seed: int) -> DecoderLM:
-    """A fresh model of this run for encoding ``name``: the one constructor call of the package."""
-    return DecoderLM(cfg.model, name, cfg.train.train_len, window=window, seed=seed, max_mask_bytes=cfg.max_mask_bytes)
+def build_model(cfg: RunConfig, row: Row, seed: int) -> DecoderLM:
+    """A fresh model of this run for ``row``: the one constructor call of the package."""
+    return DecoderLM(cfg.model, row.encoding, cfg.train.train_len, window=row.window, seed=seed,
+                     max_mask_bytes=cfg.max_mask_bytes)
 
 
 def load_model(path: Path | str, encoding: Optional[str] = None, device: str | torch.device = "cpu"
                ) -> tuple[DecoderLM, Checkpoint]:
-    """Our checkpoint -> (model in eval mode on ``device``, checkpoint), with its trained encoding or an
-    eval-only variant of it (``encoding``, e.g. rope-yarn on the rope checkpoint)."""
+    """Our checkpoint -> (model in eval mode on ``device``, checkpoint), with its own encoding or an eval-only
+    variant of its trained encoding (``encoding``, e.g. rope-yarn on the rope checkpoint)."""
     ckpt = read(path)
-    trained, window = ckpt.meta["encoding"], ckpt.meta["window"]
-    name = encoding or trained
-    cls = encodings.get_class(name)
-    if name != trained and (cls.trained_as or name) != trained:
-        raise ConfigError(f"encoding {name!r} does not evaluate the trained {trained!r} model; variants of it: "
-                          + ", ".join(n for n in encodings.available() if encodings.get_class(n).trained_as == trained))
-    if cls.finetuned and not ckpt.meta.get("finetune"):
-        raise ConfigError(f"encoding {name!r} is fine-tuned: give its own checkpoint "
-                          f"(checkpoints/{name}-seed<s>), not the {trained!r} one")
+    trained = ckpt.row
+    row = trained if encoding is None else Row(Row.parse(encoding).encoding, trained.window)
+    if row.model != trained:
+        if row.finetuned and row.trained == trained:
+            raise ConfigError(f"encoding {row.encoding!r} is fine-tuned: give its own checkpoint "
+                              f"(checkpoints/{row.name}-seed<s>), not the {trained.name!r} one")
+        raise ConfigError(f"encoding {row.encoding!r} does not evaluate the trained {trained.encoding!r} model; "
+                          f"variants of it: {', '.join(encodings.variants(trained.encoding)) or '(none)'}")
     if not ckpt.finished_ok:
         raise CheckpointError(f"checkpoint {str(ckpt.path)!r} holds no weights: its training "
                               f"{ckpt.meta['outcome'].get('reason') or 'did not finish'}")
-    model = ckpt.load_into(build_model(ckpt.config, name, window, ckpt.meta["seed"]))
+    model = ckpt.load_into(build_model(ckpt.config, row, ckpt.meta["seed"]))
     return model.to(device).eval(), ckpt
 
 

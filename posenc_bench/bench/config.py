@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
-import re
 import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,9 +20,11 @@ from typing import Any, Optional, Union
 import yaml
 
 from posenc_bench import encodings
-from posenc_bench.errors import ConfigError, UnknownEncodingError
+from posenc_bench.errors import ConfigError
 from posenc_bench.data import VOCAB_SIZE, Corpus, load_corpus
+from posenc_bench.bench.rows import Row
 from posenc_bench.model.transformer import ModelConfig
+from posenc_bench.values import TRAIN_PRECISIONS, yaml_number
 
 DEFAULT_EVAL_LENS = ["1x", "1.5x", "2x", "4x"]
 # The built-in configs: ``configs/`` of the repository (a symlink in the source tree; real files in a wheel).
@@ -74,9 +75,8 @@ class FinetuneConfig:
     with the row's scaling, as the position-interpolation paper does (Chen et al. 2023, sec. 3.2). The same
     optimizer settings as pre-training (AdamW betas, decay, clipping, warm-up then cosine to min_lr_ratio)
     and the same data stream, continued where pre-training stopped. The peak lr defaults to the rate
-    pre-training ended at (train.lr x train.min_lr_ratio): PI fine-tunes at about 1/15 of LLaMA's peak
-    (2e-5 against 3e-4); re-warming to the pre-training peak undoes part of pre-training (measured: rope-ft
-    at 1x went from ppl 4.74 to 5.26 at lr 3e-3 on the default run)."""
+    pre-training ended at (train.lr x train.min_lr_ratio): PI fine-tunes at a small fraction of LLaMA's peak,
+    and re-warming to the pre-training peak undoes part of pre-training (docs/rope-scaling.md)."""
 
     steps: int = 0  # 0: 10% of train.steps
     len: str = ""  # fine-tune length, "4x" or tokens; "": the longest eval length
@@ -103,7 +103,7 @@ GATE_TOLERANCE_KEYS = ("ppl_tol", "ratio_tol", "sigmas")
 
 @dataclass
 class GateConfig:
-    """What `posenc-bench gate` counts as a regression (see posenc_bench/gate.py)."""
+    """What `posenc-bench gate` counts as a regression (see analysis/gate.py)."""
 
     ppl_tol: float = 0.02  # allowed relative rise of mean ppl at any length
     ratio_tol: float = 0.02  # allowed relative rise of the extrapolation ratio ppl(kx) / ppl(1x)
@@ -149,88 +149,29 @@ class RunConfig:
         batch = f.batch_size or max(1, round(t.batch_size * t.train_len / length))
         return FinetunePlan(steps, length, warmup, batch, f.lr or t.lr * t.min_lr_ratio)
 
-    def cells(self) -> list[tuple[str, int]]:
-        """(row name, seed) for every cell of the sweep, in a stable order."""
+    def cells(self) -> list[tuple[Row, int]]:
+        """(row, seed) for every cell of the sweep, in a stable order."""
         return [(row, seed) for row in self.rows() for seed in self.seeds]
 
-    def rows(self) -> list[str]:
+    def rows(self) -> list[Row]:
+        """The rows of ``encodings``, each with the config's window unless its name gives one."""
         rows = []
         for spec in self.encodings:
-            name, window = parse_row(spec)
-            rows.append(row_name(name, window if window is not None else self.window))
+            row = Row.parse(spec)
+            rows.append(row if row.window is not None else Row(row.encoding, self.window))
         return list(dict.fromkeys(rows))
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-_GRAMMAR = ("expected <encoding>, <encoding>+sw<W>, <encoding>+sink<S>+sw<W> or <encoding>+sw<W>+sink<S>, "
-            "e.g. rope+sw64")
-
-
-def row_name(name: str, window: Optional[int]) -> str:
-    """The inverse of parse_row: ('rope', 64) -> 'rope+sw64'; ('rope+sink4', 64) -> 'rope+sw64+sink4' (the
-    window the model was trained with comes before the sinks added at evaluation)."""
-    if window is None:
-        return name
-    sinks = re.search(r"\+sink[0-9]+$", name)
-    return f"{name[:sinks.start()]}+sw{window}{sinks.group()}" if sinks else f"{name}+sw{window}"
-
-
-def parse_row(spec: str) -> tuple[str, Optional[int]]:
-    """A row -> (encoding name, the window its model was trained with). 'alibi' -> ('alibi', None);
-    'rope+sw64' -> ('rope', 64); 'rope+rand+sw64' -> ('rope+rand', 64): a trailing +sw<W> is the window, the
-    rest the encoding name (names may hold a '+'). Attention sinks (encodings/sinks.py): 'rope+sink4+sw64' is
-    the encoding of that name on the model trained without a window -> ('rope+sink4+sw64', None), and
-    'rope+sw64+sink4' the rope+sw64 model with sinks -> ('rope+sink4', 64). Validates the name."""
-    name, window = spec, None
-    head, sep, rest = spec.rpartition("+")
-    windowed_sinks = re.fullmatch(r"(.+)\+sw([0-9]+)(\+sink[0-9]+)", spec)
-    if windowed_sinks:
-        name, window = windowed_sinks[1] + windowed_sinks[3], int(windowed_sinks[2])
-    elif sep and rest.startswith("sw") and not re.search(r"\+sink[0-9]+$", head):
-        if not rest[2:].isdigit() or int(rest[2:]) < 1:
-            raise ConfigError(f"bad encoding row {spec!r}: {_GRAMMAR}")
-        name, window = head, int(rest[2:])
-    if window is not None and window < 1:
-        raise ConfigError(f"bad encoding row {spec!r}: {_GRAMMAR}")
-    try:
-        encodings.get_class(name)
-    except UnknownEncodingError:
-        if sep and window is None and head in encodings.available():  # a known encoding, an unknown suffix
-            raise ConfigError(f"bad encoding row {spec!r}: {_GRAMMAR}") from None
-        raise
-    return name, window
-
-
-def select_rows(value: str, base: list[str], every: Optional[list[str]] = None) -> list[str]:
-    """The selection syntax of ``run --encodings`` and ``plot --rows``: 'rope,alibi' replaces ``base``;
-    '-learned' removes a row (and its windowed rows) from it; 'all' is ``every``. Without ``every``: rows of
-    registered encodings ('all' = every registered one, 'rope+sw64' allowed); with it, only rows in ``every``
-    (e.g. a results file's rows), and a name outside it is a ConfigError listing them."""
-    items = [v.strip() for v in value.split(",") if v.strip()]
-    plus = [i for i in items if not i.startswith("-")]
-    minus = {i[1:] for i in items if i.startswith("-")}
-    chosen: list[str] = []
-    for item in plus or base:
-        chosen.extend((encodings.available() if every is None else every) if item == "all" else [item])
-
-    def base_name(row: str) -> str:
-        return parse_row(row)[0] if every is None else row.split("+", 1)[0]
-
-    for item in list(chosen) + sorted(minus):
-        if every is None:
-            parse_row(item)  # unknown names fail here, listing the valid ones
-        elif item not in every and not any(base_name(r) == item for r in every):
-            raise ConfigError(f"row {item!r} is not in the results; rows: {', '.join(every)}")
-    return [c for c in dict.fromkeys(chosen) if c not in minus and base_name(c) not in minus]
-
-
 def parse_eval_lens(items: Union[str, list], train_len: int) -> list[int]:
     """Absolute lengths or multiples -> sorted unique lengths, always including train_len.
 
     "1,1.5,2,4x": an x on the last item makes the whole list multiples. Otherwise each item stands alone:
-    "2x,4096" is 2 x train_len and 4096 tokens.
+    "2x,4096" is 2 x train_len and 4096 tokens. A plain number of tokens below the train length ("1,2,4") is
+    almost always a list of multiples without its x: it is refused with that question, and a window shorter
+    than the train length is written as a multiple ("0.5x").
     """
     if isinstance(items, str):
         items = [s for s in items.split(",") if s.strip()]
@@ -255,11 +196,22 @@ def parse_eval_lens(items: Union[str, list], train_len: int) -> list[int]:
             raise ConfigError(f"eval length {item!r} gives {length:g} tokens; an eval length must be at least 1")
         if not is_multiple and value != int(value):
             raise ConfigError(f"eval length {item!r} is not a whole number of tokens; for a multiple write {item}x")
+        if not is_multiple and length < train_len:
+            multiples = ",".join(i.rstrip("x") for i in items) + "x"
+            raise ConfigError(f"eval length {item} reads as {item} token{'s' * (value != 1)}, below the train length "
+                              f"{train_len}: did you mean multiples of it ({multiples})? A window shorter than the "
+                              f"train length is written as a multiple (e.g. {length / train_len:g}x)")
         lengths.add(int(round(length)))
     return sorted(lengths)
 
 
 # ---- dict / YAML -> dataclasses -----------------------------------------------------------------------
+
+def config_from_dict(data: dict) -> RunConfig:
+    """A RunConfig from its dict form (``RunConfig.to_dict``, a checkpoint's meta, a YAML file's contents):
+    unknown keys and values of the wrong type raise ConfigError naming them. Not validated (``validate``)."""
+    return _from_dict(RunConfig, data, "")
+
 
 def _from_dict(cls: type, data: dict, where: str) -> Any:
     if not isinstance(data, dict):
@@ -290,11 +242,10 @@ def _from_dict(cls: type, data: dict, where: str) -> Any:
 def _coerce(value: Any, default: Any, key: str) -> Any:
     if value is None or default is None:
         return value
-    if isinstance(value, str) and isinstance(default, (int, float)) and not isinstance(default, bool):
-        try:  # YAML 1.1 reads "1e9" as a string
-            value = float(value)
-        except ValueError:
-            pass
+    try:  # YAML 1.1 reads "1e9" as a string
+        value = yaml_number(value, default)
+    except ValueError:
+        pass  # refused below, naming the key
     if isinstance(default, bool):
         if isinstance(value, bool):
             return value
@@ -375,7 +326,7 @@ def load_config(path: Optional[str] = None, overrides: Optional[dict[str, Any]] 
             raise ConfigError(f"config file {path!r} is not valid YAML: {e}") from None
     for key, value in (overrides or {}).items():
         set_key(data, key, value)
-    cfg = _from_dict(RunConfig, data, "")
+    cfg = config_from_dict(data)
     import_plugins(cfg.plugins)
     validate(cfg)
     return cfg
@@ -398,13 +349,13 @@ def import_plugins(modules: list) -> None:
 
 
 def validate(cfg: RunConfig) -> None:
-    from posenc_bench.model.attention import sink_window
+    from posenc_bench.model.sinks import sink_window
     from posenc_bench.model.transformer import build_encoding, validate_shape
 
     if not cfg.encodings:
         raise ConfigError(f"no encodings selected; valid encodings: {', '.join(encodings.available())}")
-    if cfg.precision not in ("fp32", "bf16"):
-        raise ConfigError(f"precision {cfg.precision!r} is not supported; valid: fp32, bf16")
+    if cfg.precision not in TRAIN_PRECISIONS:
+        raise ConfigError(f"precision {cfg.precision!r} is not supported; valid: {', '.join(TRAIN_PRECISIONS)}")
     for name, options in cfg.model.encoding_options.items():
         cls = encodings.get_class(name)
         if not isinstance(options, dict):
@@ -429,13 +380,13 @@ def validate(cfg: RunConfig) -> None:
     if cfg.model.vocab_size < VOCAB_SIZE:
         raise ConfigError(f"model.vocab_size must be at least {VOCAB_SIZE} (256 bytes + BOS), got {cfg.model.vocab_size}")
     for spec in cfg.encodings:
-        name, window = parse_row(spec)
+        row = Row.parse(spec)
         try:  # a sink row needs a window: its own, the trained model's or the config's, and only one
-            sink_window(encodings.get_class(name), window if window is not None else cfg.window)
+            sink_window(row.cls, row.window if row.window is not None else cfg.window)
         except ValueError as e:
             raise ConfigError(f"row {spec!r}: {e}") from None
-        validate_shape(cfg.model, name)
-        build_encoding(cfg.model, name, cfg.train.train_len)  # the encoding's own checks and options
+        validate_shape(cfg.model, row.encoding)
+        build_encoding(cfg.model, row.encoding, cfg.train.train_len)  # the encoding's own checks and options
     if not cfg.seeds or any(not isinstance(s, int) or s < 0 for s in cfg.seeds):
         raise ConfigError(f"seeds must be non-negative integers, got {cfg.seeds!r}")
     t = cfg.train
@@ -467,7 +418,7 @@ def validate(cfg: RunConfig) -> None:
     if f.steps < 0 or f.batch_size < 0 or f.warmup_steps < -1 or not (f.lr >= 0 and math.isfinite(f.lr)):
         raise ConfigError("finetune.steps, finetune.batch_size and finetune.lr must be >= 0 (0: default), "
                           "finetune.warmup_steps >= -1 (-1: default)")
-    if any(encodings.get_class(parse_row(spec)[0]).finetuned for spec in cfg.encodings):
+    if any(row.finetuned for row in cfg.rows()):
         cfg.finetune_plan()  # raises on a length at or below the train length
     validate_gate(cfg.gate)
 
@@ -484,7 +435,7 @@ def validate_gate(g: GateConfig) -> None:
     if not isinstance(g.per_encoding, dict):
         raise ConfigError(f"gate.per_encoding must map encoding rows to tolerances, got {g.per_encoding!r}")
     for row, values in g.per_encoding.items():
-        parse_row(str(row))  # an unknown encoding fails here, listing the valid ones
+        Row.parse(str(row))  # an unknown encoding fails here, listing the valid ones
         if not isinstance(values, dict):
             raise ConfigError(f"gate.per_encoding.{row} must be a mapping like {{ratio_tol: 0.05}}, got {values!r}")
         check(values, f"gate.per_encoding.{row}")

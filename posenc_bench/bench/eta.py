@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from posenc_bench import encodings
+from posenc_bench.errors import PosencError
 
 # The first training step warms up (allocations, kernels); the estimate times the steps after it: at least
 # one, then until MEASURE_STEPS steps or MEASURE_S seconds, whichever comes first.
@@ -23,7 +23,6 @@ MEASURE_STEPS = 3
 MEASURE_S = 20.0
 FAR_BEYOND = 3.0  # an estimate this many times the config's stated time is "far beyond" it
 CPU_LIMIT_S = 3600.0  # on a CPU, a sweep longer than this is said to be long whatever the config promises
-CHEAPER = "a smaller config (--config ci), fewer steps (--steps 50) or a GPU (--device cuda)"
 
 
 def token_flops(model, length: int) -> float:
@@ -55,9 +54,10 @@ def step_flops(cfg) -> float:
     return 3.0 * t.batch_size * t.train_len * token_flops(cfg.model, t.train_len)
 
 
-def cost_line(cfg) -> str:
-    """What a whole sweep of ``cfg`` costs, in words: models trained, their steps and tokens, cells, FLOPs."""
-    costs = cell_costs(cfg, cfg.cells())
+def cost_line(cfg, cells: Optional[list] = None) -> str:
+    """What a sweep of ``cfg`` costs (its ``cells``, default all of them), in words: models trained, their steps
+    and tokens, cells, FLOPs."""
+    costs = cell_costs(cfg, cfg.cells() if cells is None else cells)
     trained = sum(1 for c in costs if c.train)
     tuned = sum(1 for c in costs if c.finetune)
     t = cfg.train
@@ -74,28 +74,23 @@ def flops_text(flops: float) -> str:
     return f"{flops:.2g} FLOP"
 
 
-def cell_costs(cfg, cells: list[tuple[str, int]], finished: set[tuple[str, int]] = frozenset()) -> list[CellCost]:
-    """The work of ``cells`` (rows and seeds of ``cfg``, a RunConfig) in steps. ``finished``: (row, seed) of
-    models whose checkpoints are done (a trained row such as ``rope``, or a ``-ft`` row), so not trained again."""
-    from posenc_bench.bench.config import parse_row, row_name
-
+def cell_costs(cfg, cells: list[tuple], finished: set[tuple] = frozenset()) -> list[CellCost]:
+    """The work of ``cells`` ((Row, seed) of ``cfg``, a RunConfig) in steps. ``finished``: (Row, seed) of models
+    whose checkpoints are done (a trained row such as ``rope``, or a ``-ft`` row), so not trained again."""
     t, m = cfg.train, cfg.model
     step = step_flops(cfg)
     evals = sum(cfg.eval.tokens * token_flops(m, L) for L in cfg.eval_lengths()) / step
     trained = set(finished)
     out = []
     for row, seed in cells:
-        name, window = parse_row(row)
-        cls = encodings.get_class(name)
-        base = row_name(cls.trained_as or name, window)
-        train = 0.0 if (base, seed) in trained else float(t.steps)
-        trained.add((base, seed))
+        train = 0.0 if (row.trained, seed) in trained else float(t.steps)
+        trained.add((row.trained, seed))
         finetune = 0.0
-        if cls.finetuned and (row, seed) not in trained:
+        if row.finetuned and (row, seed) not in trained:
             p = cfg.finetune_plan()
             finetune = p.steps * 3.0 * p.batch_size * p.len * token_flops(m, p.len) / step
             trained.add((row, seed))
-        out.append(CellCost(row, seed, train, finetune, evals))
+        out.append(CellCost(row.name, seed, train, finetune, evals))
     return out
 
 
@@ -139,23 +134,85 @@ def config_stated_s(spec: Optional[str]) -> Optional[float]:
     return stated_seconds(config_header(path)) if path is not None else None
 
 
-def warning(total_s: float, stated_s: Optional[float], device_type: str) -> Optional[str]:
-    """One line when the sweep will take far longer than its config says, or over an hour on a CPU."""
+def note_after(stated_s: Optional[float], device_type: str) -> Optional[float]:
+    """The estimate past which a sweep gets a note: FAR_BEYOND x the time its config's comment states, or an
+    hour on a CPU, whichever is shorter (None: no limit, a GPU run of a config that states no time)."""
+    limits = ([FAR_BEYOND * stated_s] if stated_s else []) + ([CPU_LIMIT_S] if device_type == "cpu" else [])
+    return min(limits) if limits else None
+
+
+def _sweep_seconds(cfg, costs: list[CellCost], sec_per_step: float, other) -> Optional[float]:
+    """Seconds the cells of ``costs`` (measured at ``sec_per_step`` with ``cfg``) would take with the config
+    ``other``: the same models trained and fine-tuned, each step priced by its FLOPs against the measured one;
+    None when ``other`` is not a valid sweep (e.g. a fine-tune length no longer beyond its train length)."""
+    try:
+        step = step_flops(other)
+        evals = sum(other.eval.tokens * token_flops(other.model, L) for L in other.eval_lengths()) / step
+        p = other.finetune_plan() if any(c.finetune for c in costs) else None
+    except PosencError:
+        return None
+    finetune = 0.0 if p is None else p.steps * 3.0 * p.batch_size * p.len * token_flops(other.model, p.len) / step
+    steps = sum((other.train.steps if c.train else 0) + (finetune if c.finetune else 0) + evals for c in costs)
+    return sec_per_step * step / step_flops(cfg) * steps
+
+
+def quicker(cfg, costs: list[CellCost], sec_per_step: float, target_s: float) -> list[str]:
+    """What alone brings the cells of ``costs`` under ``target_s`` here, as flags: fewer rows (the first
+    rows that fit), a smaller --batch-size, a shorter --train-len (halvings), each priced from the measured
+    step by its FLOPs; [] when none of them does (the sweep needs a faster device)."""
+    import copy
+
+    out = []
+    rows, spent = [], 0.0
+    for row in dict.fromkeys(c.row for c in costs):
+        spent += sec_per_step * sum(c.steps for c in costs if c.row == row)
+        if spent > target_s:
+            break
+        rows.append(row)
+    if rows and len(rows) < len(dict.fromkeys(c.row for c in costs)):
+        out.append(f"--encodings {','.join(rows)}")
+
+    def fits(key: str, value: int) -> bool:
+        other = copy.deepcopy(cfg)
+        setattr(other.train, key, value)
+        seconds = _sweep_seconds(cfg, costs, sec_per_step, other)
+        return seconds is not None and seconds <= target_s
+
+    t = cfg.train
+    batch = next((b for b in range(t.batch_size - 1, 0, -1) if b % cfg.grad_accum == 0 and fits("batch_size", b)), None)
+    if batch is not None:
+        out.append(f"--batch-size {batch}")
+    length = next((n for n in (t.train_len >> k for k in range(1, 8)) if n >= 16 and fits("train_len", n)), None)
+    if length is not None:
+        out.append(f"--train-len {length}")
+    return out
+
+
+def warning(total_s: float, stated_s: Optional[float], device_type: str, options: list[str]) -> Optional[str]:
+    """One line when the sweep will take longer than ``note_after`` allows, with ``options`` (``quicker``'s flags
+    for that limit): what brings it under, or that it needs a GPU."""
+    limit = note_after(stated_s, device_type)
+    if limit is None or total_s <= limit:
+        return None
     if stated_s and total_s > FAR_BEYOND * stated_s:
-        return (f"  note: about {duration(total_s)}, far beyond the ~{duration(stated_s)} the config's comment states "
-                f"for its own settings; for a quicker run use {CHEAPER}")
-    if device_type == "cpu" and total_s > CPU_LIMIT_S:
-        return f"  note: about {duration(total_s)} on this CPU; for a quicker run use {CHEAPER}"
-    return None
+        head = f"  note: about {duration(total_s)}, far beyond the ~{duration(stated_s)} the config's comment states"
+    else:
+        head = f"  note: about {duration(total_s)} on this CPU"  # the only other limit
+    if not options:
+        return (f"{head}; no fewer rows, smaller --batch-size or shorter --train-len brings it under "
+                f"{duration(limit)} here: it needs a GPU (--device cuda)")
+    return f"{head}; under {duration(limit)} here with any one of: {'; '.join(options)} (or a GPU, --device cuda)"
 
 
-def estimate_lines(costs: list[CellCost], sec_per_step: float, steps: int, stated_s: Optional[float],
+def estimate_lines(cfg, costs: list[CellCost], sec_per_step: float, stated_s: Optional[float],
                    device_type: str) -> list[str]:
-    """The first estimate: seconds a step, each model and the sweep; and the warning, if any."""
-    total = seconds_left(costs, 0, sec_per_step)
+    """The first estimate: seconds a step, each model and the sweep; and the note, if any."""
+    total, steps = seconds_left(costs, 0, sec_per_step), cfg.train.steps
     lines = [f"  timing: {sec_per_step:.3g} s a training step on {device_type}: about {duration(sec_per_step * steps)} "
              f"a model ({steps} steps), about {duration(total)} for the sweep ({len(costs)} cells)"]
-    note = warning(total, stated_s, device_type)
+    limit = note_after(stated_s, device_type)
+    options = quicker(cfg, costs, sec_per_step, limit) if limit is not None and total > limit else []
+    note = warning(total, stated_s, device_type, options)
     return lines + ([note] if note else [])
 
 
@@ -163,10 +220,10 @@ class Clock:
     """Times the first training steps of a sweep, prints the estimate once, and the time left after each
     cell. ``step()`` is the training loop's per-step callback; ``cell_done()`` is called after every cell."""
 
-    def __init__(self, costs: list[CellCost], steps: int, stated_s: Optional[float], device_type: str,
+    def __init__(self, cfg, costs: list[CellCost], stated_s: Optional[float], device_type: str,
                  log: Callable[[str], None], now: Callable[[], float] = time.perf_counter) -> None:
-        self.costs, self.steps, self.stated_s, self.device_type, self.log, self.now = (
-            costs, steps, stated_s, device_type, log, now)
+        self.cfg, self.costs, self.stated_s, self.device_type, self.log, self.now = (
+            cfg, costs, stated_s, device_type, log, now)
         self.start = now()
         self.sec_per_step: Optional[float] = None
         self._marks: list[float] = []
@@ -179,7 +236,7 @@ class Clock:
         measured = len(self._marks) - 1
         if measured >= MEASURE_STEPS or (measured >= 1 and self._marks[-1] - self._marks[0] >= MEASURE_S):
             self.sec_per_step = (self._marks[-1] - self._marks[0]) / measured
-            for line in estimate_lines(self.costs, self.sec_per_step, self.steps, self.stated_s, self.device_type):
+            for line in estimate_lines(self.cfg, self.costs, self.sec_per_step, self.stated_s, self.device_type):
                 self.log(line)
 
     def cell_done(self) -> None:

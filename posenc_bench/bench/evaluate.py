@@ -10,7 +10,7 @@
    window, the segment's leading token). This is the same for every length; only the context changes.
 4. ppl = exp(sum of target NLL / number of targets), token-weighted over all windows and segments;
    bpb = sum NLL / ln 2 / bytes of text behind the targets (BOS targets mark document starts, 0 bytes; with
-   another tokenizer, ``token_bytes`` gives each token's UTF-8 bytes, see ``hf.py``).
+   another tokenizer, ``token_bytes`` gives each token's UTF-8 bytes, see ``hf/tokenize.py``).
 5. For intervals (``analysis/intervals.py``) each result also keeps the NLL sum, target count and byte count of
    every resampling unit: consecutive blocks of ``Scoring.unit`` targets (the run's longest eval length) within
    each segment, numbered segment by segment. A unit is a set of target positions, so it is the same text at
@@ -131,7 +131,7 @@ def evaluate_length(
     """Score every target of ``segments`` with windows of ``length`` tokens; ``forward(idx) -> logits``.
 
     ``nll_fn(inputs, targets) -> (b, l)`` replaces ``forward`` for models that compute the loss themselves
-    (e.g. ``hf.py``'s chunked LM head). ``token_bytes`` (same shape as ``segments``) gives the bytes of text
+    (e.g. ``hf/model.py``'s chunked LM head). ``token_bytes`` (same shape as ``segments``) gives the bytes of text
     behind each token, for tokenizers other than ours (default: 1 per byte token, 0 for BOS).
     ``scoring.stride``: the strided protocol (see ``windows``); None is the default non-overlapping protocol.
     Returns loss (mean NLL, nats), ppl, bpb, tokens, bytes, loss_by_position (``scoring.buckets`` equal spans

@@ -2,10 +2,12 @@
 
 - ``cell_key``: a trained model's weights (its own encoding's options, not every encoding's);
 - ``finetune_key``: a fine-tuned model (the trained model's key, the row, its options, the resolved plan);
-- ``eval_key``: the evaluation settings that change a row's numbers (and an eval-only row's own options).
+- ``model_key``: the model a row evaluates: its trained model's key, or its fine-tuned model's;
+- ``eval_key``: the evaluation settings that change a row's numbers (and an eval-only row's own options);
+- ``hf_eval_key``: everything a Hugging Face model's numbers depend on in ``eval``.
 
-Keys of rows without encoding options are the ones results were made with before options were keyed per
-row, so those checkpoints stay reusable.
+:class:`Keys` computes each key of a run once. Keys of rows without encoding options are the ones results
+were made with before options were keyed per row, so those checkpoints stay reusable.
 """
 
 from __future__ import annotations
@@ -15,16 +17,16 @@ import json
 from dataclasses import asdict
 from typing import Optional
 
-from posenc_bench import encodings
 from posenc_bench.bench.config import RunConfig
+from posenc_bench.bench.rows import Row
 
 
 def _hash(ident: dict) -> str:
-    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def cell_key(cfg: RunConfig, trained_encoding: str, window: Optional[int], seed: int, corpus_fingerprint: str) -> str:
-    """Hash of everything that determines a trained model's weights.
+def cell_key(cfg: RunConfig, trained: Row, seed: int, corpus_fingerprint: str) -> str:
+    """Hash of everything that determines the weights of the trained row ``trained``.
 
     Includes the corpus fingerprint (the documents themselves, not just the source name), the precision and
     the package version, so changed data or code never silently reuses an old checkpoint. Of the encoding
@@ -33,11 +35,12 @@ def cell_key(cfg: RunConfig, trained_encoding: str, window: Optional[int], seed:
     """
     from posenc_bench import __version__
 
+    name = trained.encoding
     model = asdict(cfg.model)
-    model["encoding_options"] = {k: v for k, v in model["encoding_options"].items() if k == trained_encoding}
+    model["encoding_options"] = {k: v for k, v in model["encoding_options"].items() if k == name}
     ident = {
-        "encoding": trained_encoding,
-        "window": window,
+        "encoding": name,
+        "window": trained.window,
         "seed": seed,
         "model": model,
         "train": asdict(cfg.train),
@@ -46,40 +49,72 @@ def cell_key(cfg: RunConfig, trained_encoding: str, window: Optional[int], seed:
         "precision": cfg.precision,
         "version": __version__,
     }
-    resolved = encodings.get_class(trained_encoding).key_options(
-        cfg.train.train_len, cfg.model.encoding_options.get(trained_encoding, {}))
+    resolved = trained.cls.key_options(cfg.train.train_len, cfg.model.encoding_options.get(name, {}))
     if resolved:  # e.g. +rand's position range; absent for every other encoding, whose keys stay as they were
         ident["resolved_options"] = resolved
     return _hash(ident)
 
 
-def finetune_key(base_key: str, cfg: RunConfig, encoding: str) -> str:
-    """Hash of what determines a fine-tuned model: the trained model's key, the row, its own options, the
-    resolved fine-tuning and the scaling factor it trains with (fine-tune length / train length: before that
-    rule, rope-dynamic-ft trained with its zero-shot default factor 2, and such checkpoints must not be reused)."""
+def finetune_key(base_key: str, cfg: RunConfig, row: Row) -> str:
+    """Hash of what determines the model of the fine-tuned row ``row``: its trained model's key, the row's
+    encoding, its own options, the resolved fine-tuning and the scaling factor it trains with (fine-tune
+    length / train length, so that no checkpoint fine-tuned at another factor is reused)."""
     plan = cfg.finetune_plan()
-    ident = {"base": base_key, "encoding": encoding, "options": cfg.model.encoding_options.get(encoding, {}),
+    ident = {"base": base_key, "encoding": row.encoding, "options": cfg.model.encoding_options.get(row.encoding, {}),
              "finetune": asdict(plan), "factor": plan.len / cfg.train.train_len}
     return _hash(ident)
 
 
-def row_cell_key(cfg: RunConfig, name: str, window: Optional[int], seed: int, corpus_fingerprint: str) -> str:
-    """The key of the model a row evaluates: its trained model's, or its fine-tuned model's for a -ft row."""
-    cls = encodings.get_class(name)
-    key = cell_key(cfg, cls.trained_as or name, window, seed, corpus_fingerprint)
-    return finetune_key(key, cfg, name) if cls.finetuned else key
+def model_key(cfg: RunConfig, row: Row, seed: int, corpus_fingerprint: str) -> str:
+    """The key of the model ``row`` evaluates: its trained model's, or its fine-tuned model's for a -ft row."""
+    key = cell_key(cfg, row.trained, seed, corpus_fingerprint)
+    return finetune_key(key, cfg, row) if row.finetuned else key
 
 
-def eval_key(cfg: RunConfig, encoding: Optional[str] = None) -> str:
-    """Hash of the evaluation settings that change a number (not the batch size); with ``encoding``, an
-    eval-only variant's own options (e.g. a fixed RoPE scaling factor) too."""
+def eval_key(cfg: RunConfig, row: Optional[Row] = None) -> str:
+    """Hash of the evaluation settings that change a number (not the batch size); with ``row``, an eval-only
+    row's own options (e.g. a fixed RoPE scaling factor) too."""
     ident = {k: v for k, v in asdict(cfg.eval).items() if k != "batch_tokens"}
     if ident["protocol"] == "nonoverlapping":  # the default protocol keeps the keys results were made with
         del ident["protocol"], ident["stride"]
     ident["lengths"] = cfg.eval_lengths()
     ident["precision"] = cfg.precision
-    if encoding is not None and encodings.get_class(encoding).trained_as:
-        own = cfg.model.encoding_options.get(encoding)
+    if row is not None and row.cls.trained_as:
+        own = cfg.model.encoding_options.get(row.encoding)
         if own:
-            ident["variant_options"] = {encoding: own}
+            ident["variant_options"] = {row.encoding: own}
     return _hash(ident)
+
+
+def hf_eval_key(model: dict, *, train_len: int, lengths: list[int], corpus: str, eval_fingerprint: str,
+                doc_sep: Optional[int], buckets: int, unit: int) -> str:
+    """Hash of what a Hugging Face model's numbers depend on: its weights (``model``: the identity fields of
+    ``HFModel.describe``), its train length, the eval lengths, the text and how it is cut and scored."""
+    ident = {"model": model, "train_len": train_len, "lengths": lengths, "corpus": corpus,
+             "eval_fingerprint": eval_fingerprint, "doc_sep": doc_sep, "buckets": buckets, "unit": unit}
+    return _hash(ident)
+
+
+class Keys:
+    """The keys of one run's cells, each computed once: a sweep asks for them to resume, to estimate, to
+    train and to write records."""
+
+    def __init__(self, cfg: RunConfig, corpus_fingerprint: str) -> None:
+        self.cfg, self.corpus_fingerprint = cfg, corpus_fingerprint
+        self._models: dict[tuple[Row, int], str] = {}
+        self._evals: dict[Row, str] = {}
+
+    def model(self, row: Row, seed: int) -> str:
+        """``model_key`` of the model ``row`` evaluates at ``seed``."""
+        if (row, seed) not in self._models:
+            self._models[row, seed] = model_key(self.cfg, row, seed, self.corpus_fingerprint)
+        return self._models[row, seed]
+
+    def eval(self, row: Row) -> str:
+        if row not in self._evals:
+            self._evals[row] = eval_key(self.cfg, row)
+        return self._evals[row]
+
+    def cell(self, row: Row, seed: int) -> dict:
+        """The keys a cell's records carry: ``cell_key`` (its model) and ``eval_key``."""
+        return {"cell_key": self.model(row, seed), "eval_key": self.eval(row)}

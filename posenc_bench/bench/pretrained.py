@@ -16,8 +16,6 @@ e.g. another checkpoint's) are ``bench/records.py``'s.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -26,14 +24,14 @@ from typing import Callable, Optional
 
 import torch
 
-from posenc_bench import encodings
 from posenc_bench.bench import checkpoint
-from posenc_bench.bench.config import DEFAULT_EVAL_LENS, RunConfig, load_run_corpus, parse_eval_lens, row_name, validate
+from posenc_bench.bench.config import DEFAULT_EVAL_LENS, RunConfig, load_run_corpus, parse_eval_lens, validate
 from posenc_bench.bench.evaluate import (EvalSet, Scoring, documents_per_window, evaluate_length, evaluate_model,
                                          segment_length)
-from posenc_bench.bench.keys import eval_key
-from posenc_bench.bench.records import (ResultsFolder, ResultsStore, measured, new_record, not_measured, run_meta,
-                                        summary_line)
+from posenc_bench.bench.keys import eval_key, hf_eval_key
+from posenc_bench.bench.records import (ResultsFolder, ResultsStore, finished, measured, model_record, new_record,
+                                        not_measured, run_meta, score, summary_line)
+from posenc_bench.bench.rows import Row, variant_name
 from posenc_bench.bench.runtime import Runtime
 from posenc_bench.data import Corpus, document_segments, eval_segments, load_corpus
 from posenc_bench.env import device_description, peak_memory, resolve_device, version_of
@@ -167,10 +165,9 @@ def eval_hf(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], None] = pri
                 "rope_scaling": list(opts.rope_scaling), "seeds": [0]},
         params=model_info["params"], load_time_s=round(time.perf_counter() - t0, 2),
         versions={p: version_of(p) for p in ("tokenizers", "gguf", "accelerate")})
-    ident = {"model": {k: model_info.get(k) for k in ("ref", "gguf_file", "dtype", "file_sha256", "files_sha256", "hub_commit")},
-             "train_len": train_len, "lengths": lengths, "corpus": corpus.fingerprint,
-             "eval_fingerprint": run["eval_fingerprint"], "doc_sep": text.separator, "buckets": HF_BUCKETS, "unit": unit}
-    key = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    key = hf_eval_key({k: model_info.get(k) for k in ("ref", "gguf_file", "dtype", "file_sha256", "files_sha256", "hub_commit")},
+                      train_len=train_len, lengths=lengths, corpus=corpus.fingerprint,
+                      eval_fingerprint=run["eval_fingerprint"], doc_sep=text.separator, buckets=HF_BUCKETS, unit=unit)
     out = Path(opts.out or f"results/eval-{_slug(spec.name)}")
     log(f"posenc-bench eval: {row} ({model_info['class']}, {model_info['params']:,} parameters, {model_info['dtype']}), "
         f"train length {train_len} from {len_source}; lengths {lengths}; {run['eval_tokens']:,} target tokens "
@@ -197,7 +194,7 @@ class _HFRows:
     def evaluate(self, store: ResultsStore, row: str) -> None:
         scaling, lengths = self.scaling_of[row], self.run["eval_lengths"]
         done = store.cell(row, 0)
-        if done and {d["eval_len"] for d in done} >= set(lengths) and all(d.get("eval_key") == self.key for d in done):
+        if finished(done, lengths, {"eval_key": self.key}):
             self.log(f"  {row}: done before, skipped")
             if scaling is None:
                 self.unscaled.update({d["eval_len"]: d for d in done if d["status"] == "ok"})
@@ -250,7 +247,7 @@ class _HFRows:
             return self._score(L)
 
     def _rerouted(self, rec: dict, scaling: str, L: int) -> dict:
-        encoding = hf_attention.build_encoding(variant_of("rope", scaling), self.hf.config, self.hf.rotary,
+        encoding = hf_attention.build_encoding(Row("rope").variant(scaling).encoding, self.hf.config, self.hf.rotary,
                                                self.run["train_len"])
         encoding.set_eval_length(L)
         rec["rerouted"] = hf_attention.describe(encoding)
@@ -286,23 +283,15 @@ def _checkpoint_config(ckpt: checkpoint.Checkpoint, opts: EvalOptions) -> RunCon
     return cfg
 
 
-def variant_of(trained: str, scaling: str) -> str:
-    """The registered encoding of a zero-shot row of ``trained``: rope-yarn, rope-selfextend, rope+sink4+sw124."""
-    return f"{trained}+{scaling}" if scaling.startswith("sink") else f"{trained}-{scaling}"
-
-
-def _variant_rows(trained: str, window: Optional[int], scalings: list[str]) -> list[tuple[str, Optional[str], str]]:
-    """(row, registered encoding or None, reason when None): the checkpoint's own row, then one per scaling."""
-    rows: list[tuple[str, Optional[str], str]] = [(row_name(trained, window), trained, "")]
+def _variant_rows(trained: Row, scalings: list[str]) -> list[tuple[Row, str]]:
+    """(row, reason it cannot be evaluated or ""): the checkpoint's own row, then its zero-shot row of each
+    scaling (a row of the registered encoding's name with the reason when no such encoding evaluates it)."""
+    rows = [(trained, "")]
     for s in scalings:
-        variant = variant_of(trained, s)
         try:
-            known = encodings.get_class(variant).trained_as == trained
-        except ConfigError:
-            known = False
-        rows.append((row_name(variant, window), variant if known else None,
-                     "" if known else f"no registered encoding {variant!r} evaluates the trained {trained!r} model "
-                                      f"(registered: {', '.join(encodings.available())})"))
+            rows.append((trained.variant(s), ""))
+        except ConfigError as e:
+            rows.append((Row(variant_name(trained.encoding, s), trained.window), str(e)))
     return rows
 
 
@@ -318,38 +307,33 @@ def eval_checkpoint(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], Non
         log(f"  note: corpus {cfg.data.source!r} ({corpus.fingerprint}) is not the one this model was trained on "
             f"({meta.get('corpus_fingerprint')})")
     evalset = EvalSet.for_run(cfg, corpus)
-    rows = _variant_rows(trained, window, opts.rope_scaling)
+    rows = _variant_rows(ckpt.row, opts.rope_scaling)
     run = run_meta(
         kind="eval", model={"kind": "checkpoint", "path": str(path), "encoding": trained, "window": window, "seed": seed,
                             "cell_key": meta.get("cell_key"), "weights_sha256": file_hash([path / checkpoint.WEIGHTS])},
-        config=cfg.to_dict(), rows=[r for r, _, _ in rows], train_len=cfg.train.train_len,
+        config=cfg.to_dict(), rows=[row.name for row, _ in rows], train_len=cfg.train.train_len,
         eval_lengths=evalset.lengths, segments=evalset.segments, corpus=corpus.describe(),
-        params=sum(p.numel() for p in checkpoint.build_model(cfg, trained, window, seed).parameters()),
+        params=sum(p.numel() for p in checkpoint.build_model(cfg, ckpt.row, seed).parameters()),
         device=device_description(rt.device))
     out = Path(opts.out or f"results/eval-{_slug(path.parent.parent.name + '-' + path.name)}")
-    log(f"posenc-bench eval: checkpoint {path} ({rows[0][0]}, seed {seed}); lengths {evalset.lengths}; "
+    log(f"posenc-bench eval: checkpoint {path} ({ckpt.row}, seed {seed}); lengths {evalset.lengths}; "
         f"{run['eval_tokens']:,} target tokens each; device {run['device']}; out {out}")
-    outcome = meta.get("outcome", {})
-    by_row = {r: (name, reason) for r, name, reason in rows}
+    config = cfg.to_dict()
+    by_name = {row.name: (row, reason) for row, reason in rows}
 
-    def evaluate_row(store: ResultsStore, row: str) -> None:
-        name, reason = by_row[row]
-        model = checkpoint.load_model(path, name, rt.device)[0] if name is not None else None
+    def evaluate_row(store: ResultsStore, name: str) -> None:
+        row, reason = by_name[name]
+        model = None if reason else checkpoint.load_model(path, row.encoding, rt.device)[0]
+        keys = {"cell_key": meta.get("cell_key"), "eval_key": eval_key(cfg, ckpt.row if reason else row)}
         records = []
         for L in evalset.lengths:
-            rec = new_record(run, row, seed, L, base_encoding=name or f"{trained}-?", window=window, reason=reason,
-                             train_time_s=outcome.get("time_s"), train_final_loss=outcome.get("final_loss"),
-                             train_curve=outcome.get("curve"), cell_key=meta.get("cell_key"),
-                             eval_key=eval_key(cfg, name), config=cfg.to_dict(), checkpoint=str(path), protocol=cfg.eval.protocol,
-                             stride=min(cfg.eval.stride, L) if cfg.eval.stride else None)
-            if model is None:
+            rec = model_record(run, row, seed, L, keys=keys, meta=meta, config=config, checkpoint=str(path))
+            if reason:
+                rec["base_encoding"] = f"{trained}-?"
                 records.append(not_measured(rec, "n/a", reason))
-                continue
-            try:
-                records.append(measured(rec, evaluate_model(model, evalset, L, rt)))
-            except PositionOutOfRange as e:
-                records.append(not_measured(rec, "n/a", str(e)))
-        store.put_cell(row, seed, records)  # saved, then reported
-        log(summary_line(row, records))
+            else:
+                records.append(score(rec, lambda L=L: evaluate_model(model, evalset, L, rt)))
+        store.put_cell(name, seed, records)  # saved, then reported
+        log(summary_line(name, records))
 
     return out, _evaluate_rows(ResultsFolder(out), run, opts.fresh, evaluate_row)

@@ -3,14 +3,18 @@
 File layout::
 
     {"schema_version": 1, "run": {config, corpus, eval fingerprint, versions, device, git commit, ...},
-     "records": [ {encoding, seed, train_len, eval_len, ratio, status, reason, ppl, bpb, loss, tokens, ...} ]}
+     "records": [ {encoding, seed, train_len, eval_len, ratio, metric, status, reason, ppl, bpb, loss, ...} ]}
 
-One record per (encoding row, seed, eval length). ``status`` is "ok", "n/a" (the encoding cannot run at that
-length; ``reason`` says why) or "diverged" (training blew up; ``reason`` has the step and last finite loss).
+One record per (encoding row, seed, eval length). ``metric`` names what its numbers measure (``ppl``: the
+perplexity protocol of ``bench/evaluate.py``; records written before the field existed are ppl records).
+``status`` is "ok", "n/a" (the encoding cannot run at that length; ``reason`` says why) or "diverged"
+(training blew up; ``reason`` has the step and last finite loss).
 
 This module is the one home of:
 
-- the record (``new_record``, ``measured``) and the run metadata (``run_meta``) that ``run`` and ``eval`` write;
+- the record: ``new_record`` (any model), ``model_record`` (one of our trained models: its keys and training
+  figures), ``score`` (its numbers, or n/a where the encoding cannot run), ``finished`` (whether a cell's
+  records are whole), and the run metadata (``run_meta``) that ``run``, ``eval`` and ``merge`` write;
 - THE identity rule (``differences``): which results were measured the same way and so may share a results
   folder (resume, ``eval``), a merge, or a gate comparison. Results that were not measured on the same text,
   with the same model, training, evaluation and precision differ in a named field;
@@ -23,10 +27,13 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
-from posenc_bench.errors import PosencError
+from posenc_bench.errors import PosencError, PositionOutOfRange
 from posenc_bench.files import atomic_write_json, atomic_write_text
+
+if TYPE_CHECKING:
+    from posenc_bench.bench.rows import Row
 
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "n/a", "diverged")
@@ -79,21 +86,48 @@ class ResultsStore:
 
 # ---- the record ----------------------------------------------------------------------------------------
 
+METRICS = ("ppl",)  # what a record's numbers measure
 MEASURED = ("ppl", "bpb", "loss", "tokens", "bytes", "loss_by_position", "units", "eval_time_s", "peak_memory_bytes",
             "peak_memory_kind")
 
 
-def new_record(run: dict, row: str, seed: int, eval_len: int, **fields: Any) -> dict:
+def new_record(run: dict, row: str, seed: int, eval_len: int, *, metric: str = "ppl", **fields: Any) -> dict:
     """The record of one (row, seed, eval length), not yet measured: what it is, then the row's own
     ``fields`` (keys, training figures, ...), then where it was measured (from the run's metadata)."""
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; valid: {', '.join(METRICS)}")
     train_len = run["train_len"]
     rec = {"encoding": row, "base_encoding": fields.pop("base_encoding", row), "window": fields.pop("window", None),
-           "seed": seed, "train_len": train_len, "eval_len": eval_len, "ratio": eval_len / train_len,
+           "seed": seed, "train_len": train_len, "eval_len": eval_len, "ratio": eval_len / train_len, "metric": metric,
            "status": "ok", "reason": "", "ppl": None, "bpb": None, "loss": None, "tokens": None}
     rec.update(fields)
     rec.update(corpus_fingerprint=run["corpus"]["fingerprint"], eval_fingerprint=run["eval_fingerprint"],
                git_commit=run["git_commit"], device=run["device"], versions=run["versions"])
     return rec
+
+
+def model_record(run: dict, row: "Row", seed: int, eval_len: int, *, keys: dict, meta: dict, config: dict,
+                 **fields: Any) -> dict:
+    """The record of one of our models (``run`` and checkpoint ``eval``): the row, its keys (``Keys.cell``),
+    the training figures and fine-tuning of its checkpoint ``meta``, its ``config`` (``RunConfig.to_dict``)
+    with its protocol and stride; n/a or diverged fields are filled in by ``score``."""
+    outcome, cfg = meta.get("outcome") or {}, config
+    stride = cfg["eval"].get("stride") or 0
+    rec = new_record(
+        run, row.name, seed, eval_len, base_encoding=row.encoding, window=row.window,
+        train_time_s=_rounded(outcome.get("time_s"), 2), train_tokens_per_s=_rounded(outcome.get("tokens_per_s"), 1),
+        train_final_loss=outcome.get("final_loss"), train_curve=outcome.get("curve"), **keys, config=cfg,
+        protocol=cfg["eval"].get("protocol", "nonoverlapping"), stride=min(stride, eval_len) if stride else None,
+        **fields)
+    if meta.get("finetune"):
+        rec["finetune"] = {k: v for k, v in meta["finetune"].items() if k != "curve"}
+    if outcome.get("status") == "diverged":
+        return not_measured(rec, "diverged", outcome["reason"], last_finite_loss=outcome.get("last_finite_loss"))
+    return rec
+
+
+def _rounded(x: Optional[float], digits: int) -> Optional[float]:
+    return None if x is None else round(x, digits)
 
 
 def measured(rec: dict, result: dict) -> dict:
@@ -106,6 +140,24 @@ def not_measured(rec: dict, status: str, reason: str, **fields: Any) -> dict:
     """``rec`` marked n/a or diverged, with the reason."""
     rec.update(status=status, reason=reason, **fields)
     return rec
+
+
+def score(rec: dict, evaluate: Callable[[], dict]) -> dict:
+    """``rec`` measured by ``evaluate()``, or n/a with the reason where the encoding cannot run at its length
+    (``PositionOutOfRange``). A record already n/a or diverged stays as it is."""
+    if rec["status"] != "ok":
+        return rec
+    try:
+        return measured(rec, evaluate())
+    except PositionOutOfRange as e:
+        return not_measured(rec, "n/a", str(e))
+
+
+def finished(records: list[dict], lengths: Iterable[int], keys: Optional[dict] = None) -> bool:
+    """Whether a cell's ``records`` are whole: one at every eval length of ``lengths``, each made with ``keys``
+    (e.g. ``{"cell_key": ..., "eval_key": ...}``; None: any). A cell that is not is evaluated again."""
+    return (bool(records) and {r["eval_len"] for r in records} >= set(lengths)
+            and all(r.get(k) == v for r in records for k, v in (keys or {}).items()))
 
 
 def run_meta(*, rows: list[str], train_len: int, eval_lengths: list[int], segments, corpus: dict, device: str,
@@ -234,14 +286,24 @@ class ResultsFolder:
         self._lock_path = self.out / f".{name}.lock"
         self._owner = self.out / f".{name}.owner"
         self._lock = None
+        self._created = False
 
     def __enter__(self) -> "ResultsFolder":
+        """Create the folder, take its lock, say who holds it. The check of whether ``out`` can be written is
+        the attempt itself: any OSError on the way is one ResultsError line naming the folder and the cause."""
         from filelock import FileLock, Timeout
 
-        self.out.mkdir(parents=True, exist_ok=True)
-        self._lock = FileLock(self._lock_path)
+        if self.out.exists() and not self.out.is_dir():
+            raise ResultsError(f"output folder {str(self.out)!r} cannot be written: it is a file, not a folder")
+        self._created = not self.out.exists()
+        step = "creating it"
         try:
+            self.out.mkdir(parents=True, exist_ok=True)
+            step = "taking its lock"
+            self._lock = FileLock(self._lock_path)
             self._lock.acquire(timeout=0)
+            step = "writing its lock's owner"
+            atomic_write_text(self._owner, f"pid {os.getpid()} (started {time.strftime('%Y-%m-%d %H:%M:%S')})\n")
         except Timeout:
             try:
                 owner = self._owner.read_text().strip()
@@ -249,12 +311,25 @@ class ResultsFolder:
                 owner = "another process"
             raise ResultsError(f"{self.out} is being written by {owner}; wait for it to finish, or use another "
                                "--out") from None
-        atomic_write_text(self._owner, f"pid {os.getpid()} (started {time.strftime('%Y-%m-%d %H:%M:%S')})\n")
+        except OSError as e:
+            self._release(failed=True)
+            raise ResultsError(f"output folder {str(self.out)!r} cannot be written: {step} failed "
+                               f"({e.strerror or type(e).__name__})") from None
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
         self._owner.unlink(missing_ok=True)
-        self._lock.release()
+        self._release(failed=exc_type is not None)
+
+    def _release(self, failed: bool) -> None:
+        """Release the lock; a folder this run created and left empty when it failed is removed again."""
+        if self._lock is not None and self._lock.is_locked:
+            self._lock.release()
+        if failed and self._created and self.out.is_dir():
+            left = [p for p in self.out.iterdir() if p not in (self._lock_path, self._owner)]
+            if not left:
+                self._lock_path.unlink(missing_ok=True)
+                self.out.rmdir()
 
     def open_store(self, run: dict, merge_runs: bool = True) -> "ResultsStore":
         """The store for ``run``: empty, or the file's records if they are comparable with ``run``."""
@@ -284,15 +359,3 @@ def merge_run_lists(old: dict, new: dict) -> None:
     if "config" in new and "encodings" in new["config"] and "encodings" in old.get("config", {}):
         new["config"]["encodings"] = ordered(old["config"]["encodings"], new["config"]["encodings"])
         new["config"]["seeds"] = sorted(set(old["config"]["seeds"]) | set(new["config"]["seeds"]))
-
-
-def require_writable(out: Path | str) -> None:
-    """ResultsError unless ``out`` is, or can be made, a writable folder (checked before any work, creating
-    nothing: a run that then fails on its input leaves no folder behind)."""
-    out = Path(out)
-    probe = out
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        why = "is not a folder" if not probe.is_dir() else "is not writable"
-        raise ResultsError(f"output folder {str(out)!r} cannot be written: {str(probe)!r} {why}")

@@ -16,9 +16,7 @@ import torch
 from posenc_bench.bench.dist import Dist
 from posenc_bench.env import precision_dtype, resolve_device
 from posenc_bench.progress import say
-
-TRAIN_PRECISIONS = ("fp32", "bf16")  # autocast on our models; fp32 is no autocast
-
+from posenc_bench.values import TRAIN_PRECISIONS
 
 @dataclass
 class Runtime:

@@ -22,10 +22,10 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from posenc_bench import encodings
-from posenc_bench.bench.config import RunConfig, parse_row, row_name
+from posenc_bench.bench.config import RunConfig
+from posenc_bench.bench.records import ResultsError, differences, finished, read_results
+from posenc_bench.bench.rows import Row
 from posenc_bench.errors import ConfigError
-from posenc_bench.bench.records import ResultsError, differences, read_results
 
 SHARD_FILE = re.compile(r"results\.shard-(\d+)-of-(\d+)\.json")
 
@@ -46,22 +46,22 @@ def shard_file(index: int, count: int) -> str:
     return f"results.shard-{index}-of-{count}.json"
 
 
-def training_unit(row: str, seed: int) -> tuple[str, int]:
-    """The (trained row, seed) whose checkpoint a cell evaluates: rope-linear+sw64 -> ('rope+sw64', seed)."""
-    name, window = parse_row(row)
-    return row_name(encodings.get_class(name).trained_as or name, window), seed
+def training_unit(row: Row, seed: int) -> tuple[Row, int]:
+    """The (trained row, seed) whose checkpoint a cell starts from: rope-linear+sw64 -> (rope+sw64, seed)."""
+    return row.trained, seed
 
 
-def shard_cells(cells: list[tuple[str, int]], index: int, count: int) -> list[tuple[str, int]]:
+def shard_cells(cells: list[tuple[Row, int]], index: int, count: int) -> list[tuple[Row, int]]:
     """The cells of shard ``index`` of ``count``, in the order of ``cells``."""
-    units = sorted({training_unit(row, seed) for row, seed in cells})
+    units = sorted({training_unit(row, seed) for row, seed in cells}, key=lambda u: (u[0].name, u[1]))
     mine = {u for k, u in enumerate(units) if k % count == index - 1}
     return [c for c in cells if training_unit(*c) in mine]
 
 
 def shard_meta(cfg: RunConfig, index: int, count: int) -> dict:
-    return {"index": index, "count": count, "cells": [list(c) for c in shard_cells(cfg.cells(), index, count)],
-            "all_cells": [list(c) for c in cfg.cells()]}
+    return {"index": index, "count": count,
+            "cells": [[row.name, seed] for row, seed in shard_cells(cfg.cells(), index, count)],
+            "all_cells": [[row.name, seed] for row, seed in cfg.cells()]}
 
 
 # ---- merge ---------------------------------------------------------------------------------------------
@@ -126,7 +126,7 @@ def merge_results(files: list[Path], out: Optional[Path] = None) -> tuple[dict, 
         for r in d["records"]:
             by_cell.setdefault((r["encoding"], r["seed"]), []).append(r)
         for cell, recs in by_cell.items():
-            if {r["eval_len"] for r in recs} < lengths:
+            if not finished(recs, lengths):
                 continue  # unfinished: counts as missing unless another input has it
             if cell in cells:
                 a, b = cells[cell][0], recs[0]

@@ -14,14 +14,16 @@ the same run.
   on the fused causal path, i.e. ``nope``), and per trained encoding a forward+backward of the small model at
   ``train_len`` (also ``x_fused``).
 - Training throughput of our RoPE model against transformers' ``LlamaForCausalLM`` of the same size.
+
+What is timed is the registry's: every trained encoding (``encodings.trained()``) and the zero-shot rows of the
+rope model (``encodings.variants``). The references live in ``references.py``, the measuring in
+``measure.py``, the eval peak memory in ``eval_memory.py``.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import math
-import os
 import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,15 +31,18 @@ from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
-from torch.utils import benchmark
 
 from posenc_bench import encodings
+from posenc_bench.bench import eval_memory
+from posenc_bench.bench.measure import CLOCK_STEPS, alternate_rounds, clock_resolution, measure, median, speed_words
+from posenc_bench.bench.references import floor_fns, hf_rotary, llama_like, textbook_sinusoidal
+from posenc_bench.encodings.sinks import PAPER_SINKS
+from posenc_bench.env import cpu_name, git_commit, precision_dtype, resolve_device
 from posenc_bench.errors import ConfigError
+from posenc_bench.files import atomic_write_json, atomic_write_text
 from posenc_bench.model.attention import AttentionPlan
 from posenc_bench.model.transformer import CausalSelfAttention, DecoderLM, ModelConfig
-from posenc_bench.files import atomic_write_json, atomic_write_text
-
-PRECISIONS = ("fp32", "bf16")  # of posenc_bench.env.PRECISIONS: the attention layers' dtype
+from posenc_bench.values import TRAIN_PRECISIONS
 
 
 @dataclass
@@ -56,90 +61,39 @@ class TimingConfig:
     training: bool = True
 
 
-# ---- references ---------------------------------------------------------------------------------------
+# ---- what is timed --------------------------------------------------------------------------------------
 
-def textbook_sinusoidal(length: int, d_model: int, device=None) -> torch.Tensor:
-    """The original Transformer tutorials' table: float32 angles, torch.zeros + strided sin/cos assignment."""
-    pe = torch.zeros(length, d_model, device=device)
-    position = torch.arange(0, length, dtype=torch.float, device=device).unsqueeze(1)
-    div_term = torch.exp(torch.arange(0, d_model, 2, device=device).float() * (-math.log(10000.0) / d_model))
-    pe[:, 0::2] = torch.sin(position * div_term)
-    pe[:, 1::2] = torch.cos(position * div_term)
-    return pe
+FUSED = "nope"  # the fused causal path: every x_fused is a time (or peak) over its own
 
 
-def hf_rotary(head_dim: int, length: int, device) -> Callable[[], tuple]:
-    """transformers' LlamaRotaryEmbedding building cos/sin for ``length`` positions."""
-    from transformers import LlamaConfig
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-    cfg = LlamaConfig(hidden_size=head_dim, num_attention_heads=1, head_dim=head_dim, max_position_embeddings=length)
-    rotary = LlamaRotaryEmbedding(cfg).to(device)
-    x = torch.empty(1, dtype=torch.float32, device=device)
-    pos = torch.arange(length, device=device)[None]
-    return lambda: rotary(x, pos)
+def fused_first(names: list[str]) -> list[str]:
+    """``names`` with the fused reference first (the order of the rows in the tables)."""
+    return sorted(names, key=lambda n: n != FUSED)
 
 
-def llama_like(cfg: ModelConfig, train_len: int):
-    """transformers' LlamaForCausalLM sized like our model: same width, depth, heads, vocabulary, tied
-    embeddings, no biases, SDPA attention, RoPE theta 10000. Its SwiGLU MLP has 3 matrices, so its inner
-    size is 8/3 of the width (rounded down) to match our 2-matrix 4x GELU MLP in parameters and FLOPs."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    theta = float(cfg.encoding_options.get("rope", {}).get("theta", 10000.0))
-    lc = LlamaConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.mlp_ratio * cfg.d_model * 2 // 3,
-        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_heads,
-        max_position_embeddings=train_len, tie_word_embeddings=True, attention_bias=False, mlp_bias=False,
-        rope_parameters={"rope_type": "default", "rope_theta": theta}, use_cache=False,  # training: no KV cache
-    )
-    lc._attn_implementation = "sdpa"
-    return LlamaForCausalLM(lc)
-
-
-# ---- measuring -----------------------------------------------------------------------------------------
-
-def measure(fn: Callable[[], object], min_run_time: float, warmup: int = 0) -> dict:
-    """Median and IQR in seconds (torch.utils.benchmark; CUDA synchronisation handled by the Timer), run with
-    torch's current intra-op thread count (the Timer's own default is a single thread). ``warmup`` untimed
-    calls first: when variants that take a large fraction of a second alternate, the first call after a switch
-    pays for page faults and cold caches that one of only two or three timed runs must not carry."""
-    for _ in range(warmup):
-        fn()
-    m = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
-    m = m.blocked_autorange(min_run_time=min_run_time)
-    return {"median_s": m.median, "iqr_s": m.iqr, "runs": len(m.times)}
-
-
-def floor_fns(n_values: int, n_transcendentals: int, device) -> tuple[Callable, Callable]:
-    """Write n_values float32 (allocate + fill), and n_transcendentals float32 sin of realistic angles."""
-    angles = (torch.arange(n_transcendentals, device=device, dtype=torch.float32) % 8192) * 0.37
-    out = torch.empty_like(angles)
-    return (lambda: torch.empty(n_values, device=device).fill_(0.5)), (lambda: torch.sin(angles, out=out))
+def rope_fixes(train_len: int) -> list[str]:
+    """The zero-shot fixes of the trained rope model that change each pair's relative position (ReRoPE, Leaky
+    ReRoPE, Self-Extend: the registry's "rotary fix (zero-shot)" family), and rope with the paper's attention
+    sinks in a cache of the train length."""
+    return (encodings.variants("rope", family="rotary fix (zero-shot)")
+            + [f"rope+sink{PAPER_SINKS}+sw{train_len - PAPER_SINKS}"])
 
 
 def machine(device: torch.device) -> dict:
+    """Where the numbers were measured: torch, the device, its thread count, the CPU (``env.cpu_name``: model
+    and instruction set), the GPU, and the effective resolution of the clock the Timer reads."""
     info = {"torch": torch.__version__, "device": str(device), "threads": torch.get_num_threads(),
-            "cpu": cpu_model(), "python": platform.python_version()}
+            "cpu": cpu_name(), "python": platform.python_version(), "timer_resolution_s": clock_resolution()}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
         info["cuda"] = torch.version.cuda
     return info
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 # ---- the three parts ------------------------------------------------------------------------------------
 
 def generation_rows(tc: TimingConfig, device: torch.device, length: int, log: Callable[[str], None]) -> list[dict]:
+    """What each encoding builds for ``length`` positions, next to the floor and the references."""
     from posenc_bench.encodings.absolute import sinusoidal_table
     from posenc_bench.encodings.rope import default_inv_freq, rope_cos_sin_halves
 
@@ -157,19 +111,23 @@ def generation_rows(tc: TimingConfig, device: torch.device, length: int, log: Ca
             ref = measure(reference, t)
             r["reference_s"] = ref["median_s"]
             r["x_textbook"] = ref["median_s"] / timing["median_s"]
+            r["clock_bound"] = timing["clock_bound"] or ref["clock_bound"]
         rows.append(r)
         log(f"  gen {encoding:<12} {what:<34} L={length:<6} {timing['median_s'] * 1e3:8.3f} ms"
             + (f"  x{r['x_floor']:.2f} floor" if floor else "")
-            + (f"  {r['x_textbook']:.1f}x faster than {ref_name}" if reference is not None else "")
+            + (f"  {speed_words(r['x_textbook'], ref_name)}" if reference is not None else "")
             + (f"  (frequencies once: {extra['setup_s'] * 1e3:.3f} ms)" if "setup_s" in extra else ""))
 
     def floor(n_values, n_trans):
         write, trans = floor_fns(n_values, n_trans, device)
-        tw, ts = measure(write, t)["median_s"], measure(trans, t)["median_s"] if n_trans else 0.0
+        w = measure(write, t)
+        sin = measure(trans, t) if n_trans else {"median_s": 0.0, "clock_bound": False}
+        tw, ts = w["median_s"], sin["median_s"]
         rows.append({"part": "floor", "encoding": "-", "what": f"write {n_values} fp32 / {n_trans} fp32 sin",
                      "length": length, "dims": "", "median_s": max(tw, ts), "iqr_s": None, "runs": None,
                      "floor_s": max(tw, ts), "write_s": tw, "sin_s": ts, "x_floor": 1.0, "reference": "",
-                     "reference_s": None, "x_textbook": None, "note": ""})
+                     "reference_s": None, "x_textbook": None, "note": "",
+                     "clock_bound": w["clock_bound"] or sin["clock_bound"]})
         return max(tw, ts)
 
     f_sin = floor(length * d, length * d)
@@ -181,7 +139,7 @@ def generation_rows(tc: TimingConfig, device: torch.device, length: int, log: Ca
     row("rope", "cos/sin cache (L, D/2) x 2", f"{length}x{D}", lambda: rope_cos_sin_halves(pos, inv, scale), f_rope,
         hf_rotary(D, length, device), "transformers LlamaRotaryEmbedding",
         note="transformers builds (L, D) x 2 with float32 angles")
-    for name in scaled_rope_variants():
+    for name in encodings.variants("rope", family="rotary scaling (zero-shot)"):
         # each zero-shot scaling as the model meets an eval length 4x its train length: the one-time
         # frequencies (set_eval_length, through transformers' ROPE_INIT_FUNCTIONS where it has them), then
         # the cos/sin cache every forward builds from them
@@ -211,6 +169,14 @@ def generation_rows(tc: TimingConfig, device: torch.device, length: int, log: Ca
     return rows
 
 
+def versus_fused(timings: list[dict], ratios: list[float]) -> tuple[dict, str]:
+    """The columns an alternated row adds, and their words for the log: the median of its rounds' ratios to the
+    fused path with every round's, and whether any round's number was the clock's."""
+    columns = {"clock_bound": any(t["clock_bound"] for t in timings), "x_fused": median(ratios),
+               "x_fused_rounds": [round(r, 3) for r in ratios]}
+    return columns, f"x{median(ratios):.2f} fused (rounds {', '.join(f'{r:.2f}' for r in ratios)})"
+
+
 def attention_rows(tc: TimingConfig, device: torch.device, dtype: torch.dtype, length: int, log,
                    rounds: int = 3) -> list[dict]:
     """One attention layer's forward per encoding at ``length`` (batch 1), relative to the fused path.
@@ -226,8 +192,8 @@ def attention_rows(tc: TimingConfig, device: torch.device, dtype: torch.dtype, l
     x = torch.randn(1, length, d, device=device, dtype=dtype)
     pos = torch.arange(length, device=device)
     forwards = {}
-    fixes = zero_shot_fixes(length // 4)
-    for name, explicit in [(n, False) for n in trained_encodings() + fixes] + [("alibi", True)]:
+    fixes = rope_fixes(length // 4)
+    for name, explicit in [(n, False) for n in fused_first(encodings.trained()) + fixes] + [("alibi", True)]:
         # a zero-shot fix evaluates a model trained at a quarter of this length: its path at 4x
         enc = encodings.build(name, d_model=d, n_heads=H, train_len=length // 4 if name in fixes else length).to(device)
         enc.set_eval_length(length)
@@ -241,46 +207,15 @@ def attention_rows(tc: TimingConfig, device: torch.device, dtype: torch.dtype, l
                 return layer(h, enc, plan)
 
         forwards[name + (" (explicit bias)" if explicit else "")] = fwd
-    timings: dict[str, list[dict]] = {k: [] for k in forwards}
-    for _ in range(rounds):
-        for label, fwd in forwards.items():
-            timings[label].append(measure(fwd, tc.min_run_time, warmup=1))
+    timings, ratios = alternate_rounds(forwards, FUSED, rounds=rounds, min_run_time=tc.min_run_time)
     rows = []
     for label, ts in timings.items():
-        ratios = [t["median_s"] / f["median_s"] for t, f in zip(ts, timings["nope"])]
         mid = sorted(range(rounds), key=lambda i: ts[i]["median_s"])[rounds // 2]  # the median round
+        fused, words = versus_fused(ts, ratios[label])
         rows.append({"part": "attention forward", "encoding": label, "what": f"one attention layer, batch 1, {rounds} rounds",
-                     "length": length, "dims": f"{H}x{D}", **ts[mid], "runs": sum(t["runs"] for t in ts),
-                     "x_fused": sorted(ratios)[rounds // 2], "x_fused_rounds": [round(r, 3) for r in ratios]})
-        log(f"  attn {label:<24} L={length:<6} {ts[mid]['median_s'] * 1e3:9.2f} ms  x{rows[-1]['x_fused']:.2f} fused "
-            f"(rounds {', '.join(f'{r:.2f}' for r in ratios)})")
+                     "length": length, "dims": f"{H}x{D}", **ts[mid], "runs": sum(t["runs"] for t in ts), **fused})
+        log(f"  attn {label:<24} L={length:<6} {ts[mid]['median_s'] * 1e3:9.2f} ms  {words}")
     return rows
-
-
-def scaled_rope_variants() -> list[str]:
-    """The zero-shot RoPE scalings: RoPE subclasses evaluated on the trained rope model (the -ft rows use the
-    same frequency functions)."""
-    from posenc_bench.encodings.rope import RoPE
-    from posenc_bench.encodings.rope_fixes import PairwiseRoPE
-
-    return [n for n in encodings.available() if issubclass(encodings.get_class(n), RoPE)
-            and not issubclass(encodings.get_class(n), PairwiseRoPE)
-            and encodings.get_class(n).trained_as == "rope" and not encodings.get_class(n).finetuned]
-
-
-def zero_shot_fixes(train_len: int) -> list[str]:
-    """The rows that change each pair's relative position on the trained rope model (ReRoPE, Leaky ReRoPE,
-    Self-Extend), and rope with the paper's 4 attention sinks in a cache of the train length."""
-    from posenc_bench.encodings.rope_fixes import PairwiseRoPE
-    from posenc_bench.encodings.sinks import PAPER_SINKS
-
-    pairwise = [n for n in encodings.available() if issubclass(encodings.get_class(n), PairwiseRoPE)]
-    return pairwise + [f"rope+sink{PAPER_SINKS}+sw{train_len - PAPER_SINKS}"]
-
-
-def trained_encodings() -> list[str]:
-    names = [n for n in encodings.available() if encodings.get_class(n).trained_as is None]
-    return ["nope"] + [n for n in names if n != "nope"]  # the fused reference first
 
 
 def _loss(model, batch):
@@ -298,30 +233,27 @@ def training_rows(tc: TimingConfig, device: torch.device, log, rounds: int = 3) 
     B = max(1, tc.train_tokens // T)
     torch.manual_seed(0)
     batch = torch.randint(0, 256, (B, T + 1), device=device)
-    models = {}
-    for name, explicit in [(n, False) for n in trained_encodings() if n != "learned"] + [("alibi", True), ("t5", True)]:
+    steps = {}
+    trained = fused_first([n for n in encodings.trained() if n != "learned"])
+    for name, explicit in [(n, False) for n in trained] + [("alibi", True), ("t5", True)]:
         model = DecoderLM(ModelConfig(), name, T, seed=0).to(device)
         if explicit:  # the straightforward path: a (1, H, q, k) bias mask through SDPA
             model.encoding.has_low_rank_bias = False
             model.encoding.has_distance_bias = False
-        models[name + (" (explicit bias)" if explicit else "")] = model
-    times: dict[str, list[float]] = {k: [] for k in models}
-    for _ in range(rounds):
-        for label, model in models.items():
-            def step(model=model):
-                _loss(model, batch).backward()
-                model.zero_grad(set_to_none=True)
 
-            times[label].append(measure(step, max(tc.min_run_time, 1.0), warmup=1)["median_s"])
+        def step(model=model):
+            _loss(model, batch).backward()
+            model.zero_grad(set_to_none=True)
+
+        steps[name + (" (explicit bias)" if explicit else "")] = step
+    timings, ratios = alternate_rounds(steps, FUSED, rounds=rounds, min_run_time=max(tc.min_run_time, 1.0))
     rows = []
-    for label, ts in times.items():
-        ratios = [t / f for t, f in zip(ts, times["nope"])]
-        median = sorted(ratios)[len(ratios) // 2]
+    for label, ts in timings.items():
+        fused, words = versus_fused(ts, ratios[label])
         rows.append({"part": "model forward+backward", "encoding": label, "what": f"batch {B}, {rounds} rounds",
-                     "length": T, "dims": "d128 L4 H4", "median_s": sorted(ts)[len(ts) // 2], "iqr_s": None,
-                     "runs": rounds, "x_fused": median, "x_fused_rounds": [round(r, 3) for r in ratios]})
-        log(f"  train {label:<24} T={T:<6} {rows[-1]['median_s'] * 1e3:9.1f} ms  x{median:.2f} fused "
-            f"(rounds {', '.join(f'{r:.2f}' for r in ratios)})")
+                     "length": T, "dims": "d128 L4 H4", "median_s": median([t["median_s"] for t in ts]), "iqr_s": None,
+                     "runs": rounds, **fused})
+        log(f"  train {label:<24} T={T:<6} {rows[-1]['median_s'] * 1e3:9.1f} ms  {words}")
     return rows
 
 
@@ -349,17 +281,15 @@ def versus_llama(device: torch.device, log, *, train_len: int = 128, batch: int 
     steps = {"ours": stepper(ours), "llama": stepper(llama)}
     for step in steps.values():  # AdamW's state and first-call allocations stay out of the rounds
         step()
-    ratios, times = [], {"ours": [], "llama": []}
-    for _ in range(rounds):
-        for k in ("ours", "llama"):
-            times[k].append(measure(steps[k], min_run_time, warmup=1)["median_s"])
-        ratios.append(times["llama"][-1] / times["ours"][-1])
+    timings, per_round = alternate_rounds(steps, "ours", rounds=rounds, min_run_time=min_run_time)
+    ratios = per_round["llama"]  # Llama's time / ours = our tokens/s / Llama's
+    times = {k: [t["median_s"] for t in ts] for k, ts in timings.items()}
     tokens = batch * train_len
     result = {
         "shape": f"batch {batch} x {train_len} tokens", "params_ours": sum(p.numel() for p in ours.parameters()),
         "params_llama": sum(p.numel() for p in llama.parameters()),
         "ours_tokens_per_s": [tokens / t for t in times["ours"]], "llama_tokens_per_s": [tokens / t for t in times["llama"]],
-        "ratio": sorted(ratios)[len(ratios) // 2], "ratios": ratios,
+        "ratio": median(ratios), "ratios": ratios,
         "note": "ours: LayerNorm, 4x GELU MLP; Llama: RMSNorm, SwiGLU with 8/3x inner size (same parameters +-0.2%)",
     }
     log(f"  training tokens/s at {result['shape']}, our rope model / LlamaForCausalLM ({result['params_ours']:,} vs "
@@ -367,12 +297,37 @@ def versus_llama(device: torch.device, log, *, train_len: int = 128, batch: int 
     return result
 
 
+# ---- rows the clock decided -----------------------------------------------------------------------------
+
+def seconds(value: float) -> str:
+    """A short duration for the log and timing.md: "41 ns", "1.5 us", "8 ms"."""
+    scale, unit = next(((s, u) for s, u in ((1, "s"), (1e-3, "ms"), (1e-6, "us")) if value >= s), (1e-9, "ns"))
+    return f"{value / scale:.3g} {unit}"
+
+
+def row_label(row: dict) -> str:
+    """A row by name: "attention forward rope, L=2048"; a floor or generation row with what it builds (one
+    encoding builds several things, the floor has none)."""
+    name = row["part"] + ("" if row["encoding"] == "-" else f" {row['encoding']}")
+    what = [row["what"]] if row["part"] in ("floor", "generation") else []
+    return ", ".join([name, *what, f"L={row['length']}"])
+
+
+def clock_note(result: dict) -> Optional[str]:
+    """The rows whose number is the clock's rather than the work's (``measure.clock_bound``), named for the
+    log and timing.md; None when there are none."""
+    bound = [row_label(r) for r in result["rows"] if r.get("clock_bound")]
+    if not bound:
+        return None
+    return (f"{len(bound)} row(s) timed within {CLOCK_STEPS} steps of the clock's resolution "
+            f"({seconds(result['machine']['timer_resolution_s'])}) or with IQR 0 over several runs: their medians "
+            f"are the clock's step, not the work: {'; '.join(bound)}")
+
+
 # ---- the run --------------------------------------------------------------------------------------------
 
 def run_timing(tc: TimingConfig, log: Callable[[str], None] = print) -> dict:
-    from posenc_bench.env import git_commit, precision_dtype, resolve_device
-
-    dtype = precision_dtype(tc.precision, PRECISIONS)  # ConfigError naming the valid ones
+    dtype = precision_dtype(tc.precision, TRAIN_PRECISIONS)  # ConfigError naming the valid ones
     if not tc.lengths or any(int(n) < 1 for n in tc.lengths):
         raise ConfigError(f"lengths must be positive integers, got {tc.lengths!r}")
     if tc.d_model % 2 or tc.head_dim % 2 or tc.d_model < tc.head_dim:
@@ -381,7 +336,8 @@ def run_timing(tc: TimingConfig, log: Callable[[str], None] = print) -> dict:
     if tc.threads:
         torch.set_num_threads(tc.threads)
     info = machine(device)
-    log(f"timing on {info.get('gpu', info['cpu'])} ({device}, {info['threads']} threads, torch {info['torch']})")
+    log(f"timing on {device}: {info.get('gpu', info['cpu'])}, {info['threads']} threads, torch {info['torch']}, "
+        f"timer resolution {seconds(info['timer_resolution_s'])}")
     rows: list[dict] = []
     for length in tc.lengths:
         rows += generation_rows(tc, device, int(length), log)
@@ -390,14 +346,18 @@ def run_timing(tc: TimingConfig, log: Callable[[str], None] = print) -> dict:
             rows += attention_rows(tc, device, dtype, int(length), log)
     llama = llama_long = None
     if tc.training:
-        rows += memory_rows(tc, device, log)
+        trained = fused_first([n for n in encodings.trained() if n != "learned"])
+        rows += eval_memory.memory_rows(device, trained + rope_fixes(eval_memory.TRAIN_LEN), FUSED, log)
         rows += training_rows(tc, device, log)
         llama = versus_llama(device, log)  # the default run's shape, batch 32 x 128
         # and the forward+backward rows' shape, where attention is most of a step
         llama_long = versus_llama(device, log, train_len=tc.train_len, batch=max(1, tc.train_tokens // tc.train_len),
                                   rounds=5)
-    return {"schema_version": 1, "config": asdict(tc), "machine": info, "commit": git_commit(),
-            "rows": rows, "versus_llama": llama, "versus_llama_long": llama_long}
+    result = {"schema_version": 1, "config": asdict(tc), "machine": info, "commit": git_commit(),
+              "rows": rows, "versus_llama": llama, "versus_llama_long": llama_long}
+    if note := clock_note(result):
+        log(f"warning: {note}")
+    return result
 
 
 COLUMNS = ["part", "encoding", "what", "length", "dims", "median_ms", "iqr_ms", "floor_ms", "x_floor",
@@ -424,15 +384,12 @@ def table_rows(result: dict) -> list[dict]:
     return out
 
 
-def _median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
-
-
 def markdown(result: dict) -> str:
     from tabulate import tabulate
 
     m = result["machine"]
-    head = (f"Timing on {m.get('gpu', m['cpu'])} ({m['device']}, {m['threads']} threads), torch {m['torch']}, "
+    clock = f", timer resolution {seconds(m['timer_resolution_s'])}" if "timer_resolution_s" in m else ""
+    head = (f"Timing on {m['device']}: {m.get('gpu', m['cpu'])}, {m['threads']} threads, torch {m['torch']}{clock}, "
             f"dtype {recorded_precision(result)}, commit {result['commit']}. Median of torch.utils.benchmark "
             f"blocked_autorange; IQR beside it. x_floor = time / floor (the larger of writing the output and one fp32 "
             f"sin per value); x_textbook = reference time / ours (> 1: ours faster); x_fused = time / the same work on "
@@ -443,14 +400,16 @@ def markdown(result: dict) -> str:
         sel = [{k: v for k, v in r.items() if k not in ("device", "dtype", "part")} for r in rows if r["part"] == part]
         keep = [k for k in sel[0] if any(s[k] not in (None, "") for s in sel)]
         parts.append(f"### {part}\n\n" + tabulate([[s[k] for k in keep] for s in sel], headers=keep, tablefmt="github"))
-    text = head + "\n" + "\n\n".join(parts) + "\n"
+    note = clock_note(result)
+    text = head + (f"\n**Clock-bound:** {note}.\n" if note else "")
+    text += "\n" + "\n\n".join(parts) + "\n"
     for v in (result.get("versus_llama"), result.get("versus_llama_long")):
         if not v:
             continue
         text += (f"\nTraining step (forward, backward, AdamW), {v['shape']}: our rope model / transformers "
                  f"LlamaForCausalLM tokens/s = **{v['ratio']:.2f}x**, the median of the paired rounds "
                  f"{', '.join(f'{r:.2f}' for r in v['ratios'])} (tokens/s, each side's own median: ours "
-                 f"{_median(v['ours_tokens_per_s']):,.0f}, Llama {_median(v['llama_tokens_per_s']):,.0f}; "
+                 f"{median(v['ours_tokens_per_s']):,.0f}, Llama {median(v['llama_tokens_per_s']):,.0f}; "
                  f"{v['params_ours']:,} vs {v['params_llama']:,} parameters; {v['note']}).\n")
     return text
 
@@ -466,78 +425,3 @@ def write_outputs(result: dict, out: Path | str) -> Path:
     atomic_write_text(out / "timing.csv", buf.getvalue())
     atomic_write_text(out / "timing.md", markdown(result))
     return out
-
-
-
-_PEAK_SCRIPT = r"""
-import gc, json, sys, torch
-from posenc_bench.env import process_memory, reset_peak_rss
-from posenc_bench.model.transformer import DecoderLM, ModelConfig
-name, train_len, length, batch, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-torch.set_num_threads(threads)
-model = DecoderLM(ModelConfig(), name, train_len, seed=0).eval()
-model.encoding.set_eval_length(length)
-x = torch.randint(0, 256, (batch, length))
-with torch.inference_mode():
-    model(x)  # warm-up at full size: workspaces, caches
-    gc.collect()
-    reset_peak_rss()  # the peak RSS (VmHWM) is now the current RSS
-    before = process_memory("VmRSS")
-    model(x)
-    peak = process_memory("VmHWM")
-print(json.dumps({"peak_extra_bytes": max(0, peak - before)}))
-"""
-
-
-def eval_peak_memory(name: str, device: torch.device, train_len: int, length: int, batch: int) -> Optional[int]:
-    """Extra memory of one eval forward of the default model at ``length``: on CUDA the allocator's peak
-    above what was allocated before; on CPU, in a fresh process whose large allocations are mmap-ed (so a
-    freed tensor leaves the RSS), the peak RSS of the second forward above the RSS before it (Linux: the
-    peak is reset through /proc/self/clear_refs; None where that is missing)."""
-    if device.type == "cuda":
-        model = DecoderLM(ModelConfig(), name, train_len, seed=0).to(device).eval()
-        model.encoding.set_eval_length(length)
-        x = torch.randint(0, 256, (batch, length), device=device)
-        with torch.inference_mode():
-            model(x[:, :8])
-            torch.cuda.synchronize(device)
-            torch.cuda.reset_peak_memory_stats(device)
-            before = torch.cuda.memory_allocated(device)
-            model(x)
-            torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - before
-    if not Path("/proc/self/clear_refs").exists():
-        return None
-    import json
-    import subprocess
-    import sys
-
-    # the folder that holds this posenc_bench package (not the package itself: its encodings/ would shadow
-    # the standard library's and the interpreter would not start)
-    root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536",
-           "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH", "")]))}
-    proc = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, name, str(train_len), str(length), str(batch),
-                           str(torch.get_num_threads())], capture_output=True, text=True, env=env)
-    if proc.returncode:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"the peak-memory forward of {name!r} failed: {last}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])["peak_extra_bytes"]
-
-
-def memory_rows(tc: TimingConfig, device: torch.device, log) -> list[dict]:
-    """Eval forward at 4x the train length (the default run's 128 -> 512, batch of eval.batch_tokens=16384
-    tokens): peak extra memory per encoding relative to the fused path (nope)."""
-    train_len, length = 128, 512
-    batch = 16384 // length
-    rows, base = [], None
-    for name in [n for n in trained_encodings() if n != "learned"] + zero_shot_fixes(train_len):
-        peak = eval_peak_memory(name, device, train_len, length, batch)
-        if peak is None:
-            return []
-        base = peak if name == "nope" else base
-        rows.append({"part": "eval peak memory", "encoding": name, "what": f"forward at 4x, batch {batch}",
-                     "length": length, "dims": "d128 L4 H4", "median_s": None, "iqr_s": None, "runs": 1,
-                     "peak_mib": round(peak / 2**20, 1), "x_fused": peak / base if base else None})
-        log(f"  memory {name:<12} L={length:<6} peak +{peak / 2**20:8.1f} MiB  x{peak / base if base else float('nan'):.2f} fused")
-    return rows

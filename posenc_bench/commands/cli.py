@@ -9,20 +9,18 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from typing import Any, Optional
 
 from posenc_bench.errors import PosencError
 
 USAGE_ERROR = 2
-INTERRUPTED = 130
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
+TERMINATED = 143  # 128 + SIGTERM
 
 # In the order `posenc-bench --help` lists them.
 COMMANDS = ("run", "report", "plot", "gate", "passkey", "merge", "eval", "time", "list", "configs")
-
-# The names of posenc_bench.env.PRECISIONS (fp32 | bf16 | fp16), spelled here so that building the parser
-# does not import torch; tests/commands/test_cli.py checks that the two agree.
-PRECISIONS = ("fp32", "bf16", "fp16")
 
 DEVICES_HELP = "auto (default: cuda if available, else cpu) | cpu | cuda | cuda:N"
 
@@ -120,17 +118,34 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a CI timeout, a scheduler's kill) raised where the process is, so that it unwinds as Ctrl-C
+    does: every results folder's lock and owner file released, and the same line saying how to resume."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # argparse itself exits 2 on a usage error
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    except ValueError:  # not the main thread: leave the signal alone
+        previous = None
     try:
         return args.func(args)
     except PosencError as e:
         print(f"posenc-bench {args.command}: error: {e}", file=sys.stderr)
         return USAGE_ERROR
-    except KeyboardInterrupt:
-        print(f"posenc-bench {args.command}: interrupted; rerun the same command to resume", file=sys.stderr)
-        return INTERRUPTED
+    except KeyboardInterrupt as e:
+        what, code = ("terminated (SIGTERM)", TERMINATED) if isinstance(e, Terminated) else ("interrupted", INTERRUPTED)
+        print(f"posenc-bench {args.command}: {what}; rerun the same command to resume", file=sys.stderr)
+        return code
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

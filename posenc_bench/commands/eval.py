@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from posenc_bench.commands.cli import PRECISIONS, add_device, add_precision, add_progress, check_precision
+from posenc_bench.commands.cli import add_device, add_precision, add_progress, check_precision
 from posenc_bench.commands.cli import progress_choice, split_commas
+from posenc_bench.values import PRECISIONS
 
 
 def add_parser(sub) -> argparse.ArgumentParser:

@@ -27,7 +27,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def update_baseline(args: argparse.Namespace, current: dict, current_path: str) -> int:
-    """--update-baseline: show the changes against the old baseline (if readable), then replace it."""
+    """--update-baseline: show the changes against the old baseline (if readable), then replace it; never by
+    results of another kind (a training run by an eval, say)."""
     from pathlib import Path
 
     from posenc_bench.analysis import gate
@@ -39,6 +40,8 @@ def update_baseline(args: argparse.Namespace, current: dict, current_path: str) 
         except gate.GateError as e:
             print(f"replacing an unreadable baseline ({e})")
     if old is not None:
+        gate.same_kind(old, current, f"--update-baseline keeps {args.baseline}; write the new baseline to another "
+                                     "--baseline file (or delete this one first)")
         try:
             result = gate.compare(old, current, {}, gate.Tolerance(0.0, 0.0, 0.0))
             print("changes against the old baseline (zero tolerance):")

@@ -18,9 +18,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def cmd(args: argparse.Namespace) -> int:
     from posenc_bench.analysis import plots
-    from posenc_bench.analysis import report
+    from posenc_bench.analysis.tables import load_runs
 
-    runs = report.load_runs(args.results)
+    runs = load_runs(args.results)
     for path in plots.plot_all(runs, args.out, split_commas(args.formats), rows=args.rows):
         print(f"wrote {path}")
     return 0

@@ -37,8 +37,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def cmd(args: argparse.Namespace) -> int:
     from posenc_bench.analysis import report
+    from posenc_bench.analysis.tables import load_runs
+    from posenc_bench.files import atomic_write_text
 
-    runs = report.load_runs(args.results)
+    runs = load_runs(args.results)
     fmt = report.format_for(args.out, FORMAT_ALIASES.get(args.format, args.format))
     if args.update and fmt != "md":
         raise PosencError(f"--update writes a Markdown table; drop --format {fmt} (or write it with --out)")
@@ -51,7 +53,7 @@ def cmd(args: argparse.Namespace) -> int:
         changed = report.update_file(args.update, key, text)
         print(f"{'updated' if changed else 'already up to date'}: {args.update} (block {key})")
     if args.out:
-        report.write_report(text, args.out)
+        atomic_write_text(args.out, text)
         print(f"wrote {args.out}")
     if not args.update and not args.out:
         print(text, end="")

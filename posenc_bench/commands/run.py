@@ -8,9 +8,7 @@ from typing import Any
 from posenc_bench.commands.cli import add_device, add_precision, add_progress, given, parse_set
 from posenc_bench.commands.cli import progress_choice, split_commas
 from posenc_bench.errors import PosencError
-
-PRECISIONS = ("fp32", "bf16")  # autocast (for GPUs); load_config checks the same set
-
+from posenc_bench.values import TRAIN_PRECISIONS
 
 def add_parser(sub) -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="train every selected encoding, evaluate at every length, write the table")
@@ -30,7 +28,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     r.add_argument("--eval-tokens", type=int, help="target tokens scored at every eval length")
     r.add_argument("--data", help="stdlib | shakespeare | sotu | a path or glob | hf:<dataset>[:<config>]")
     add_device(r, defer_to_config=True)
-    add_precision(r, PRECISIONS, what=" (autocast; default: the config's, fp32 unless it sets one)")
+    add_precision(r, TRAIN_PRECISIONS, what=" (autocast; default: the config's, fp32 unless it sets one)")
     r.add_argument("--threads", type=int)
     r.add_argument("--protocol", choices=("nonoverlapping", "strided"),
                    help="nonoverlapping windows (default) or strided: each window scores only its last --stride targets")
@@ -45,12 +43,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    "writes results.shard-I-of-N.json; join with merge")
     r.add_argument("--grad-accum", type=int, help="micro-batches per step and process (the global batch stays "
                    "--batch-size)")
+    r.add_argument("--verbose", action="store_true", help="also print the whole effective config (the folder's "
+                   "config.yaml holds it too)")
     return r
 
 
 def parse_encodings(value: str, base: list[str]) -> list[str]:
     """'rope,alibi' replaces the list; '-learned' removes from the config's list; 'all' = every registered."""
-    from posenc_bench.bench.config import select_rows
+    from posenc_bench.bench.rows import select_rows
 
     return select_rows(value, base)
 
@@ -93,20 +93,31 @@ def overrides(args: argparse.Namespace, base_encodings: list[str]) -> dict[str, 
     return o
 
 
+DEFAULT_CONFIG = "default"  # `posenc-bench run` is `posenc-bench run --config default`
+
+
+def run_config(args: argparse.Namespace):
+    """The RunConfig of ``run``'s flags: the --config file or built-in config (``default`` without one), then
+    the flags that were given."""
+    from posenc_bench.bench.config import load_config
+
+    config = args.config or DEFAULT_CONFIG
+    return load_config(config, overrides(args, load_config(config).encodings))
+
+
 def cmd(args: argparse.Namespace) -> int:
     import yaml
 
     from posenc_bench.bench import dist as distributed
     from posenc_bench.bench.eta import config_stated_s
-    from posenc_bench.bench.config import load_config
-    from posenc_bench.analysis.report import plateau_rows, results_markdown, write_tables
+    from posenc_bench.analysis.context import plateau_rows
+    from posenc_bench.analysis.report import results_markdown, write_tables
     from posenc_bench.bench.runtime import Runtime
     from posenc_bench.bench.sweep import Sweep, train_worker
     from posenc_bench.bench.shard import parse_shard, shard_file
 
     shard = parse_shard(args.shard) if args.shard is not None else None
-    base = load_config(args.config)
-    cfg = load_config(args.config, overrides(args, base.encodings))
+    cfg = run_config(args)
     dist = distributed.from_env(cfg.device)  # None unless started by torchrun with more than one process
     try:
         distributed.rows_of_rank(cfg.train.batch_size, dist, cfg.grad_accum)  # the batch splits: fail before any work
@@ -116,10 +127,11 @@ def cmd(args: argparse.Namespace) -> int:
         rt = Runtime.create(cfg.device, cfg.precision, dist=dist, show_progress=progress_choice(args))
         sweep = None
         try:
-            sweep = Sweep(cfg, rt, shard, stated_s=config_stated_s(args.config))  # data, device and the output folder are checked here, before any work
-            print("effective config:")
-            print(yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
-            data = sweep.run(fresh=args.fresh)
+            sweep = Sweep(cfg, rt, shard, stated_s=config_stated_s(args.config or DEFAULT_CONFIG))  # every input checked, nothing written
+            with sweep.open(fresh=args.fresh):  # the folder created, locked and its records checked; then the summary
+                if args.verbose:
+                    print("effective config:\n" + yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
+                data = sweep.run()
         except PosencError as e:
             if dist is not None and not (sweep is not None and sweep.training):
                 dist.broadcast(("abort", str(e)))  # the other ranks wait for a command: end them cleanly

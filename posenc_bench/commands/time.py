@@ -6,8 +6,7 @@ import argparse
 
 from posenc_bench.commands.cli import add_device, add_precision
 from posenc_bench.errors import PosencError
-
-PRECISIONS = ("fp32", "bf16")  # = posenc_bench.bench.timing.PRECISIONS, which run_timing checks
+from posenc_bench.values import TRAIN_PRECISIONS
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -16,7 +15,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     t.add_argument("--lengths", default="2048,5000,8192", help="comma list of sequence lengths")
     t.add_argument("--d-model", type=int, default=512, help="table / attention width (default 512)")
     t.add_argument("--head-dim", type=int, default=128, help="RoPE cache width and attention head size (default 128)")
-    add_precision(t, PRECISIONS, default="fp32", what=" (attention layers)")
+    add_precision(t, TRAIN_PRECISIONS, default="fp32", what=" (attention layers)")
     t.add_argument("--threads", type=int)
     t.add_argument("--train-len", type=int, default=2048, help="length of the model forward+backward (default 2048)")
     t.add_argument("--min-run-time", type=float, default=0.2, help="seconds per measurement (default 0.2)")

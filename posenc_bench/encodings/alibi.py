@@ -14,7 +14,8 @@ import math
 
 import torch
 
-from posenc_bench.encodings import Encoding, register
+from posenc_bench.encodings.base import Encoding
+from posenc_bench.encodings.registry import register
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:

@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from posenc_bench.encodings import Encoding, register
+from posenc_bench.encodings.base import Encoding
+from posenc_bench.encodings.registry import register
 
 
 @register("cope")

@@ -24,7 +24,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from posenc_bench.encodings import Encoding, register
+from posenc_bench.encodings.base import Encoding
+from posenc_bench.encodings.registry import register
 
 EPS = 1e-6
 HIDDEN_ELEMENTS = 1 << 22  # the most (rows x keys x width) hidden activations one MLP call builds

@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc_bench.encodings import Encoding, consecutive_start, register
+from posenc_bench.encodings.base import Encoding, consecutive_start
+from posenc_bench.encodings.registry import register
 
 EPS = 0.01  # the authors' lower bound on r1, r2
 

@@ -4,7 +4,8 @@ Kazemnejad et al., "The Impact of Positional Encoding on Length Generalization i
 NeurIPS 2023 (arXiv:2305.19466). A causal decoder can still infer position from the causal mask alone.
 """
 
-from posenc_bench.encodings import Encoding, register
+from posenc_bench.encodings.base import Encoding
+from posenc_bench.encodings.registry import register
 
 
 @register("nope")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from posenc_bench.encodings import register
+from posenc_bench.encodings.registry import register
 from posenc_bench.encodings.rope import RoPE, default_inv_freq
 
 

@@ -13,8 +13,8 @@ samples from a range well beyond its longest test length), while keeping the mea
 positions at 8, so the training positions stay dense enough for every one of them to be seen. The resolved
 M is part of the cell key (``key_options``).
 
-One loop registers ``<name>+rand`` for every trained encoding registered before this module (``_FAMILIES``
-puts it last) whose hooks take per-sequence positions (``batched_positions``), so a new such encoding gets its
+One loop registers ``<name>+rand`` for every trained encoding registered before this module (``registry.MODULES``
+lists it after them) whose hooks take per-sequence positions (``batched_positions``), so a new such encoding gets its
 row without a list kept here. The wrapped encoding is built with the same options and random stream as the
 plain one (identical initial parameters); an encoding with a ``max_positions`` option (``learned``) gets M, so
 ``learned+rand``'s table has M rows and is ``n/a`` past them. The sample of each training forward comes from
@@ -24,14 +24,13 @@ the positions an uninterrupted one draws.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import ClassVar, Optional
 
 import torch
 
-from posenc_bench import encodings
-from posenc_bench.encodings import REGISTRY, Encoding, register
+from posenc_bench.encodings.base import Encoding
+from posenc_bench.encodings.registry import REGISTRY, listing_order, load_modules, register
 
 MULTIPLE = 8
 
@@ -129,15 +128,11 @@ def randomized_row(base: type[Encoding]) -> type[Randomized]:
 
 
 def _wrappable() -> list[type[Encoding]]:
-    for family in encodings._FAMILIES[:encodings._FAMILIES.index("randomized")]:
-        importlib.import_module(f"posenc_bench.encodings.{family}")
-    names = list(REGISTRY)
-    bases = [cls for cls in REGISTRY.values()
+    """The trained encodings whose hooks take per-sequence positions, in the listing's order."""
+    load_modules(before="randomized")
+    names = [n for n, cls in REGISTRY.items()
              if cls.batched_positions and cls.trained_as is None and not issubclass(cls, Randomized)]
-    # in the listing's order (family file, then registration in it), whichever family was imported first
-    family = lambda cls: cls.__module__.rsplit(".", 1)[-1]  # noqa: E731
-    return sorted(bases, key=lambda cls: (encodings._FAMILIES.index(family(cls)) if family(cls) in encodings._FAMILIES
-                                          else len(encodings._FAMILIES), names.index(cls.name)))
+    return [REGISTRY[n] for n in listing_order(names)]
 
 
 for _base in _wrappable():

@@ -16,7 +16,8 @@ from typing import Optional
 
 import torch
 
-from posenc_bench.encodings import Encoding, consecutive_start, register
+from posenc_bench.encodings.base import Encoding, consecutive_start
+from posenc_bench.encodings.registry import register
 from posenc_bench.encodings.phasors import unit_phasors
 
 

@@ -32,7 +32,7 @@ from typing import ClassVar, Optional
 
 import torch
 
-from posenc_bench.encodings import register
+from posenc_bench.encodings.registry import register
 from posenc_bench.encodings.rope import RoPE, apply_rotary
 
 

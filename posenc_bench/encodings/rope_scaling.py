@@ -41,7 +41,7 @@ from typing import Callable, ClassVar, Mapping, Optional
 
 import torch
 
-from posenc_bench.encodings import register
+from posenc_bench.encodings.registry import register
 from posenc_bench.encodings.rope import RoPE, default_inv_freq
 
 # (head_dim, theta, factor, train_len, seq_len) -> (inv_freq float32 (head_dim / 2,), attention scale)

@@ -27,8 +27,8 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from posenc_bench import encodings
-from posenc_bench.encodings import Encoding, register_pattern
+from posenc_bench.encodings.base import Encoding
+from posenc_bench.encodings.registry import available, get_class, register_pattern
 from posenc_bench.errors import ConfigError
 
 PAPER_SINKS = 4  # the paper's number of sink tokens
@@ -49,10 +49,10 @@ def sink_row(name: str) -> Optional[type[Encoding]]:
     if parsed is None:
         return None
     base_name, sinks, window = parsed
-    base = encodings.get_class(base_name)  # an unknown base fails here, listing the valid names
+    base = get_class(base_name)  # an unknown base fails here, listing the valid names
     if base.trained_as is not None or base.positions_in_embedding:
-        sinkable = [n for n in encodings.available() if encodings.get_class(n).trained_as is None
-                    and not encodings.get_class(n).positions_in_embedding]
+        sinkable = [n for n in available()
+                    if get_class(n).trained_as is None and not get_class(n).positions_in_embedding]
         why = (f"it evaluates the trained {base.trained_as!r} model" if base.trained_as is not None else
                "its positions are added to the token embeddings, which attention cannot re-index")
         raise ConfigError(f"attention sinks cannot wrap {base_name!r} ({why}); encodings that take them: "

@@ -14,7 +14,8 @@ import math
 import torch
 from torch import nn
 
-from posenc_bench.encodings import Encoding, register
+from posenc_bench.encodings.base import Encoding
+from posenc_bench.encodings.registry import register
 
 
 def relative_position_bucket(relative_position: torch.Tensor, num_buckets: int = 32, max_distance: int = 128) -> torch.Tensor:

@@ -22,7 +22,8 @@ from typing import Optional
 
 import torch
 
-from posenc_bench.encodings import consecutive_start, register
+from posenc_bench.encodings.base import consecutive_start
+from posenc_bench.encodings.registry import register
 from posenc_bench.encodings.rope import RoPE, apply_rotary
 
 

@@ -147,7 +147,7 @@ def is_plain_rope(encoding: encodings.Encoding, length: int) -> bool:
     the model's own."""
     inv_freq, scale = default_inv_freq(encoding.head_dim, encoding.theta)
     plan = AttentionPlan(encoding, torch.arange(length), None, MAX_LOGIT_BYTES)
-    return plan.fused and torch.equal(encoding.inv_freq, inv_freq) and encoding.attention_scale == scale
+    return plan.path == "fused" and torch.equal(encoding.inv_freq, inv_freq) and encoding.attention_scale == scale
 
 
 def describe(encoding: encodings.Encoding) -> dict:

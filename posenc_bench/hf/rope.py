@@ -13,8 +13,9 @@ fit in rope_parameters: ``hf/attention.py`` runs them through our attention.
 
 from __future__ import annotations
 
-import re
+from typing import Optional
 
+from posenc_bench.encodings import sinks
 from posenc_bench.encodings.rope_scaling import LLAMA3_FREQ_FACTORS, SCALING_TABLE, Scaling
 from posenc_bench.errors import ConfigError
 
@@ -31,13 +32,19 @@ def _scaling(name: str) -> Scaling:
         raise ConfigError(f"unknown RoPE scaling {name!r}; valid: {', '.join(SCALINGS)}") from None
 
 
+def _sinks(item: str) -> Optional[tuple[int, Optional[int]]]:
+    """(S, W) of a sinks row's suffix (sink4+sw124 -> (4, 124); sink4 -> (4, None)) in the sinks grammar of
+    ``encodings/sinks.py``, or None for any other suffix."""
+    parsed = sinks.parse(f"rope+{item}")
+    return None if parsed is None or parsed[0] != "rope" else parsed[1:]
+
+
 def checkpoint_scalings() -> list[str]:
     """What ``eval --rope-scaling`` takes for our checkpoints: every zero-shot row of the trained rope model
     by its suffix (linear, ntk, dynamic, yarn, llama3, rerope, leaky, selfextend), plus sink<S>+sw<W>."""
     from posenc_bench import encodings
 
-    return [n[len("rope-"):] for n in encodings.available() if n.startswith("rope-")
-            and encodings.get_class(n).trained_as == "rope" and not encodings.get_class(n).finetuned]
+    return [n.removeprefix("rope-") for n in encodings.variants("rope")]
 
 
 def parse_scalings(value: str) -> list[str]:
@@ -50,7 +57,7 @@ def parse_scalings(value: str) -> list[str]:
     for item in items:
         if item == "all":
             out.extend(SCALINGS)
-        elif item in SCALINGS or item in ours or re.fullmatch(r"sink[0-9]+(\+sw[0-9]+)?", item):
+        elif item in SCALINGS or item in ours or _sinks(item) is not None:
             out.append(item)
         elif item != "none":
             raise ConfigError(f"--rope-scaling {item!r} is not a scaling; valid: {', '.join(dict.fromkeys([*SCALINGS, *ours]))}, "
@@ -63,7 +70,7 @@ def require_hf(scalings: list[str]) -> None:
     rope_parameters; every other zero-shot row (ntk, ReRoPE, Leaky ReRoPE, Self-Extend, sinks with a window)
     reroutes its attention through our encoding (``hf/attention.py``). Only sink<S> without +sw<W> is refused:
     it means "the window the model was trained with", and a Hugging Face model here has none."""
-    bad = [s for s in scalings if re.fullmatch(r"sink[0-9]+", s)]
+    bad = [s for s in scalings if (sinks := _sinks(s)) is not None and sinks[1] is None]
     if bad:
         raise ConfigError(f"--rope-scaling {bad[0]}: a Hugging Face model was trained without a sliding window; "
                           f"name one, e.g. {bad[0]}+sw<W> with S + W = its train length (StreamingLLM's cache)")

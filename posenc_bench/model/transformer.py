@@ -6,15 +6,11 @@ which encoding it has:
   layer; bias(q_pos, k_pos) for the attention logits (shared by all layers); attention_logits(...) per query
   chunk for an encoding that computes the logits itself (``has_attention_logits``: CoPE, ReRoPE, Self-Extend).
   An encoding with ``attention_sinks`` (StreamingLLM rows) gets the same hooks, called again for the queries'
-  cache positions towards the sinks (``attention.sink_attention``).
-Attention (``attention.attend``, along the forward's ``AttentionPlan``) is ``F.scaled_dot_product_attention``:
-on its fused causal path (``is_causal=True``) when the encoding has no bias and there is no sliding window; a
-bias that is low-rank up to per-row constants (ALiBi, ``has_low_rank_bias``) is folded into extra q/k channels
-and stays on the fused kernels; any other bias or a window becomes a 4-D (1, H, Tq, Tk) float mask (a 3-D mask
-sends SDPA to its slow math path), built for chunks of queries so that memory stays bounded at long eval
-lengths instead of needing a full (H, L, L) tensor per layer. A learned distance bias (T5,
-``has_distance_bias``) trains through ``distance_bias.py`` on CPU, which keeps the flash kernel where SDPA
-would fall back to its math path for a mask that requires grad.
+  cache positions towards the sinks (``sinks.py``).
+Attention runs along the forward's ``AttentionPlan`` (``attention.py``): the path ``choose_path`` picks once
+from the encoding's capabilities (SDPA's fused causal kernel, a bias folded into q/k channels, chunked float
+masks, a learned distance bias's band gradient, or the encoding's own logits), in query chunks, so memory stays
+bounded at long eval lengths.
 
 Sliding-window attention (``window=W``; Beltagy et al., "Longformer", arXiv:2004.05150) lets query i see keys
 j with i - W < j <= i; it composes with every encoding.

@@ -223,6 +223,82 @@ def test_update_baseline_writes_atomically_and_shows_the_changes(tmp_path, capsy
     assert sorted(p.name for p in tmp_path.iterdir()) == ["baseline.json", "current.json", "current2.json"]
 
 
+# ------------------------------------------------------------------ results of another kind
+
+
+def hf_eval(records, model="tiny-llama"):
+    """Results of `posenc-bench eval` of a pretrained Hugging Face model, as bench/pretrained.py writes them:
+    no model or training config of ours, the model's own identity, rows named after it."""
+    run = {"kind": "eval", "model": {"kind": "hf", "model": model, "ref": f"/models/{model}", "gguf_file": None,
+                                     "files_sha256": "0123abcd", "dtype": "float32", "class": "LlamaForCausalLM"},
+           "train_len": T, "train_len_source": "max_position_embeddings", "eval_lengths": [100, 200],
+           "config": {"data": {"source": "stdlib"}, "rope_scaling": ["yarn"], "seeds": [0],
+                      "eval": {"tokens": 40, "lens": None, "split": "all", "unit": 200, "position_buckets": 64}},
+           "corpus": {"source": "stdlib", "fingerprint": "abc"}, "eval_fingerprint": "def", "device": "cpu",
+           "versions": {"torch": "2.13.0", "transformers": "5.0.0"}, "git_commit": "0" * 40, "params": 1000}
+    recs = [dict(r, encoding=f"hf:{model}" + ("+yarn" if r["encoding"] == "alibi" else "")) for r in records
+            if r["encoding"] in ("rope", "alibi")]
+    run["rows"] = list(dict.fromkeys(r["encoding"] for r in recs))
+    return {"schema_version": 1, "run": run, "records": recs}
+
+
+def checkpoint_eval(records):
+    data = results(records)
+    data["run"].update(kind="eval", train_len=T, model={"kind": "checkpoint", "path": "results/r/checkpoints/rope-s0",
+                                                        "encoding": "rope", "window": None, "seed": 0})
+    return data
+
+
+ONE_KIND = "the gate compares results of one kind; make a baseline from the same {} --baseline <a new file>"
+HF = "an eval of the Hugging Face model tiny-llama (posenc-bench eval)"
+
+
+@pytest.mark.parametrize("base, cur, message", [
+    (results(BASE), hf_eval(BASE), f"the current results are {HF}, the baseline a training run (posenc-bench run): "
+     + ONE_KIND.format("eval with --update-baseline --current <that folder>")),
+    (hf_eval(BASE), results(BASE), f"the current results are a training run (posenc-bench run), the baseline {HF}: "
+     + ONE_KIND.format("config with --update-baseline --config <config>")),
+    (hf_eval(BASE), checkpoint_eval(BASE), "the current results are an eval of the checkpoint "
+     "results/r/checkpoints/rope-s0 (posenc-bench eval), the baseline " + HF),
+])
+def test_results_of_another_kind_are_refused_in_one_line_saying_what_each_is(tmp_path, capsys, base, cur, message):
+    assert run_gate(tmp_path, base, cur) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"posenc-bench gate: error: {message}") and err.count("\n") == 1
+    assert "model.d_model" not in err and "Regenerate" not in err  # no list of fields the other kind lacks
+
+
+def test_update_baseline_keeps_a_readable_baseline_of_another_kind(tmp_path, capsys):
+    b = write(tmp_path / "baseline.json", results(BASE))
+    c = write(tmp_path / "current.json", hf_eval(BASE))
+    assert main(["gate", "--current", c, "--baseline", b, "--update-baseline"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"posenc-bench gate: error: the current results are {HF}, the baseline a training run (posenc-bench "
+                   f"run): --update-baseline keeps {b}; write the new baseline to another --baseline file (or delete "
+                   "this one first)\n")
+    assert json.loads(Path(b).read_text()) == results(BASE)  # untouched
+    write(tmp_path / "baseline.json", json.dumps(results(BASE))[:200])  # unreadable: nothing to keep
+    assert main(["gate", "--current", c, "--baseline", b, "--update-baseline"]) == 0
+    assert "replacing an unreadable baseline" in capsys.readouterr().out
+    assert json.loads(Path(b).read_text()) == hf_eval(BASE)
+
+
+def test_evals_of_one_pretrained_model_are_gated_like_runs(tmp_path, capsys):
+    assert run_gate(tmp_path, hf_eval(BASE), hf_eval(BASE)) == 0
+    assert "gate: PASS: 6 checks, no regression" in capsys.readouterr().out
+    assert run_gate(tmp_path, hf_eval(BASE), hf_eval(scaled(BASE, 1.1, "rope", 200))) == 1
+    err = capsys.readouterr().err
+    assert "hf:tiny-llama ppl at 2x (200) +10.00% > allowed +2.00%" in err
+    assert "hf:tiny-llama ratio at 2x (200) +10.00% > allowed +2.00%" in err
+    b = write(tmp_path / "baseline.json", hf_eval(BASE))
+    c = write(tmp_path / "current.json", hf_eval(scaled(BASE, 1.1, "rope", 200)))
+    assert main(["gate", "--current", c, "--baseline", b, "--update-baseline"]) == 0
+    assert "+10.00%" in capsys.readouterr().out and json.loads(Path(b).read_text()) == json.loads(Path(c).read_text())
+    # another model is the same kind of results, measured another way: refused with the fields named
+    assert run_gate(tmp_path, hf_eval(BASE, "tiny-gpt2"), hf_eval(BASE)) == 2
+    assert "model.ref: baseline '/models/tiny-gpt2', current '/models/tiny-llama'" in capsys.readouterr().err
+
+
 TINY = ["--set", "encodings=[rope,alibi]", "--set", "train.train_len=32", "--set", "train.steps=40",
         "--set", "seeds=[0]", "--set", "train.warmup_steps=4", "--set", "eval.tokens=1024", "--progress", "off"]
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from posenc_bench.analysis import plots
-from posenc_bench.analysis import report
+from posenc_bench.analysis.tables import load_runs
 from posenc_bench.commands.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +45,7 @@ def test_plot_cli_draws_every_figure_and_skips_a_learned_bias_without_checkpoint
 
 
 def test_svg_output_is_deterministic(tmp_path):
-    runs = report.load_runs([copy_results(tmp_path)])
+    runs = load_runs([copy_results(tmp_path)])
     a = plots.plot_ppl_vs_length(runs, tmp_path, formats=["svg"])[0].read_bytes()
     b = plots.plot_ppl_vs_length(runs, tmp_path, formats=["svg"])[0].read_bytes()
     assert a == b and b"Perplexity against eval length" in a and b"train length 128" in a
@@ -63,7 +63,7 @@ def test_learned_bias_comes_from_the_runs_checkpoint(tmp_path):
     save_file({"encoding.relative_attention_bias.weight": weight, "blocks.0.x": torch.zeros(1)},
               str(ckpt / "model.safetensors"))
     (ckpt / "config.json").write_text(json.dumps({"cell_key": key}))
-    run = report.load_runs([folder])[0]
+    run = load_runs([folder])[0]
     enc, reason = plots._bias_encoding(run, "t5")
     assert reason == "" and torch.equal(enc.relative_attention_bias.weight, weight)
     bias = enc.bias(torch.tensor([5]), torch.tensor([5, 4]))  # distance 0 -> bucket 0, distance 1 -> bucket 1
@@ -76,7 +76,7 @@ def test_learned_bias_comes_from_the_runs_checkpoint(tmp_path):
 
 
 def test_families_get_their_own_panels_without_a_hand_kept_list():
-    rows = report.load_runs([ROOT / "results" / "default"])[0].data["run"]["rows"]
+    rows = load_runs([ROOT / "results" / "default"])[0].data["run"]["rows"]
     got = {title: (mine, refs) for title, mine, refs in plots.panels(rows)}
     assert list(got) == ["classic encodings", "RoPE, zero-shot scalings and fixes", "RoPE, fine-tuned"]
     assert got["classic encodings"][0] == ["sinusoidal", "learned", "t5", "rope", "alibi", "nope"]
@@ -85,7 +85,7 @@ def test_families_get_their_own_panels_without_a_hand_kept_list():
     assert got["RoPE, fine-tuned"][0][0] == "rope-ft" and got["RoPE, fine-tuned"][1] == ["rope"]
     assert plots.panels(["hf:SmolLM2+linear"]) == [("pretrained models", ["hf:SmolLM2+linear"], [])]
     # the full sweep: the newer trained encodings, the zero-shot fixes and the +rand rows each find their panel
-    full = report.load_runs([ROOT / "results" / "full"])[0].data["run"]["rows"]
+    full = load_runs([ROOT / "results" / "full"])[0].data["run"]["rows"]
     got = {title: (mine, refs) for title, mine, refs in plots.panels(full)}
     assert list(got) == ["classic encodings", "newer encodings", "RoPE, zero-shot scalings and fixes",
                          "randomized positions"]
@@ -100,7 +100,7 @@ def test_families_get_their_own_panels_without_a_hand_kept_list():
 def test_no_two_rows_of_a_panel_share_colour_and_marker(tmp_path, monkeypatch):
     figures = []
     monkeypatch.setattr(plots, "_save", lambda fig, out, stem, formats: figures.append(fig) or [])
-    runs = report.load_runs([ROOT / "results" / "default"])
+    runs = load_runs([ROOT / "results" / "default"])
     plots.plot_ppl_vs_length(runs, tmp_path)
     plots.plot_loss_by_position(runs[0], tmp_path)
     assert len({len(s) for s in (plots.style(i) for i in range(100))}) == 1
@@ -120,7 +120,7 @@ def test_plot_rows_selects_like_run_encodings(tmp_path, capsys):
     assert main(["plot", str(folder), "--out", str(tmp_path / "f"), "--formats", "png", "--rows",
                  "rope,rope-yarn,alibi"]) == 0
     assert_real_figure(tmp_path / "f" / "ppl_vs_length.png")
-    from posenc_bench.bench.config import select_rows
+    from posenc_bench.bench.rows import select_rows
 
     rows = ["rope", "rope-linear", "alibi", "rope+sw64"]
     assert select_rows("-rope", rows, rows) == ["rope-linear", "alibi"]
@@ -138,7 +138,7 @@ def test_each_row_with_an_interval_gets_a_band_that_spans_it(tmp_path, monkeypat
 
     figures = []
     monkeypatch.setattr(plots, "_save", lambda fig, out, stem, formats: figures.append(fig) or [])
-    runs = report.load_runs([ROOT / "results" / "default"])
+    runs = load_runs([ROOT / "results" / "default"])
     plots.plot_ppl_vs_length(runs, tmp_path, rows=["rope", "alibi", "learned"])
     ax = next(a for a in figures[0].axes if a.get_visible())
     bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
@@ -151,3 +151,14 @@ def test_each_row_with_an_interval_gets_a_band_that_spans_it(tmp_path, monkeypat
             ys = verts[np.isclose(verts[:, 0], L), 1]
             assert np.isclose(ys.min(), i.lo) and np.isclose(ys.max(), i.hi), (row, L, ys, i)
     assert "bands: 95% intervals" in figures[0]._suptitle.get_text()
+
+
+def test_without_intervals_a_line_is_the_mean_over_ok_seeds_with_its_std():
+    def rec(seed, L, ppl, status="ok"):
+        return {"encoding": "rope", "seed": seed, "train_len": 100, "eval_len": L, "status": status, "ppl": ppl}
+
+    recs = [rec(0, 100, 4.0), rec(1, 100, 6.0), rec(0, 200, 8.0), rec(1, 200, None, "diverged"),
+            rec(0, 400, None, "n/a")]
+    pts = plots._mean_by_length(recs, "rope")
+    assert pts[0][:2] == (100, 5.0) and pts[0][2] == pts[0][3] == pytest.approx(2 ** 0.5)
+    assert pts[1] == (200, 8.0, 0.0, 0.0) and len(pts) == 2  # one ok seed: no spread; no ok seed: no point

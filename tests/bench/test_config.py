@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from posenc_bench.bench.config import RunConfig, load_config, parse_eval_lens, parse_row
+from posenc_bench.bench.config import RunConfig, load_config, parse_eval_lens
 from posenc_bench.errors import ConfigError, UnknownEncodingError
 
 
@@ -12,7 +12,7 @@ from posenc_bench.errors import ConfigError, UnknownEncodingError
     ("2x", [128, 256]),
     ("2x,300", [128, 256, 300]),
     (["1x", "1.5x", "2x", "4x"], [128, 192, 256, 512]),
-    ("64", [64, 128]),
+    ("0.5x,4096", [64, 128, 4096]),
 ])
 def test_eval_lens(spec, expected):
     assert parse_eval_lens(spec, 128) == expected
@@ -20,7 +20,10 @@ def test_eval_lens(spec, expected):
 
 @pytest.mark.parametrize("bad,match", [("0", "at least 1"), ("-2x", "at least 1"), ("abc", "not a number"),
                                        ("1.5", "whole number"), ("0.001x", "at least 1"),
-                                       ("300,2x", "put the multiples first")])
+                                       ("300,2x", "put the multiples first"),
+                                       ("1,2,4", r"eval length 1 reads as 1 token, below the train length 128: did you "
+                                                 r"mean multiples of it \(1,2,4x\)\? .* \(e\.g\. 0\.0078125x\)"),
+                                       ("64", r"below the train length 128.*e\.g\. 0\.5x")])
 def test_bad_eval_lens(bad, match):
     with pytest.raises(ConfigError, match=match):
         parse_eval_lens(bad, 128)
@@ -48,14 +51,11 @@ def test_overrides_win_over_the_file():
     assert cfg.train.steps == 7 and cfg.encodings == ["rope"] and cfg.model.d_model == 64
 
 
-def test_rows_with_windows():
-    assert parse_row("rope+sw64") == ("rope", 64)
-    with pytest.raises(ConfigError, match=r"<encoding>\+sw<W>"):
-        parse_row("rope+w64")
-    with pytest.raises(UnknownEncodingError, match="valid encodings"):
-        parse_row("ropey+sw4")
-    cfg = load_config(None, {"encodings": ["rope", "alibi+sw32"], "window": 16})
-    assert cfg.rows() == ["rope+sw16", "alibi+sw32"]
+def test_rows_take_the_config_window_unless_they_name_one():
+    cfg = load_config(None, {"encodings": ["rope", "alibi+sw32", "rope+sink4"], "window": 16})
+    assert [row.name for row in cfg.rows()] == ["rope+sw16", "alibi+sw32", "rope+sw16+sink4"]
+    assert [(row.name, seed) for row, seed in load_config(None, {"encodings": ["t5"], "seeds": [0, 2]}).cells()] == [
+        ("t5", 0), ("t5", 2)]
 
 
 def test_missing_config_file_lists_the_built_in_configs():
@@ -117,7 +117,7 @@ def test_values_that_would_crash_later_are_refused_up_front(overrides, match):
 def test_yaml_strings_are_coerced_to_numbers():
     cfg = load_config("configs/ci.yaml", {"window": 64.0, "train.betas": "0.9,0.99", "train.grad_clip": "1e9",
                                           "model.encoding_options": {"rope": {"theta": "1e6"}}})
-    assert cfg.window == 64 and cfg.rows()[0].endswith("+sw64")
+    assert cfg.window == 64 and cfg.rows()[0].name.endswith("+sw64")
     assert cfg.train.betas == [0.9, 0.99] and cfg.train.grad_clip == 1e9
     from posenc_bench.model.transformer import build_encoding
 
@@ -134,11 +134,13 @@ def test_plugins_register_encodings_from_another_package(tmp_path, monkeypatch):
         "class MyNoPE(NoPE):\n"
         "    summary = 'a project\\'s own encoding, registered from outside posenc_bench'\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(encodings, "REGISTRY", dict(encodings.REGISTRY))  # leave the real registry alone
+    from posenc_bench.encodings import registry
+
+    monkeypatch.setattr(registry, "REGISTRY", dict(registry.REGISTRY))  # leave the real registry alone
     with pytest.raises(UnknownEncodingError, match="unknown encoding 'my-nope'"):
         load_config(None, {"encodings": ["my-nope"]})
     cfg = load_config(None, {"plugins": ["my_posenc_plugin"], "encodings": ["rope", "my-nope"]})
-    assert cfg.rows() == ["rope", "my-nope"] and "my-nope" in encodings.available()
+    assert [r.name for r in cfg.rows()] == ["rope", "my-nope"] and "my-nope" in encodings.available()
     with pytest.raises(ConfigError, match="plugin module 'no_such_module' .* could not be imported: ModuleNotFoundError"):
         load_config(None, {"plugins": ["no_such_module"]})
 
@@ -151,10 +153,3 @@ def test_the_models_default_vocabulary_is_the_byte_corpus_vocabulary():
     assert ModelConfig().vocab_size == VOCAB_SIZE == 257
     with pytest.raises(ConfigError, match="model.vocab_size must be at least 257"):
         load_config(None, {"model.vocab_size": 256})
-
-
-def test_rows_of_encodings_whose_names_hold_a_plus():
-    assert parse_row("xpos+bca") == ("xpos+bca", None)
-    assert parse_row("learned+rand+sw8") == ("learned+rand", 8)
-    with pytest.raises(ConfigError, match=r"<encoding>\+sw<W>"):
-        parse_row("rope+bca")

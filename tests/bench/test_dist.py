@@ -225,7 +225,7 @@ def test_torchrun_starts_the_cli(tmp_path):
         capture_output=True, text=True, timeout=300, env=env, cwd=Path(__file__).resolve().parents[2],
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("effective config:") == 1  # rank 1 prints nothing
+    assert proc.stdout.count("posenc-bench run:") == 1  # rank 1 prints nothing
     data = json.loads((out / "results.json").read_text())
     assert [r["status"] for r in data["records"]] == ["ok"]
     assert "DDP 2 processes, gloo" in data["run"]["device"]

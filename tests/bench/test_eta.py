@@ -5,6 +5,7 @@ import pytest
 
 from posenc_bench.bench import eta
 from posenc_bench.bench.config import load_config
+from posenc_bench.bench.rows import Row
 
 
 def test_token_flops_counts_weights_and_causal_attention():
@@ -28,7 +29,7 @@ def test_cell_costs_train_each_model_once_and_price_eval_and_finetuning_by_flops
     assert by["rope-ft", 0].finetune == pytest.approx(40 * 3 * 8 * 512 * eta.token_flops(cfg.model, 512) / step)
     assert by["rope-ft", 0].train == 0 and by["rope", 0].finetune == 0 and p.steps == 40
     # finished checkpoints are not trained again
-    again = eta.cell_costs(cfg, cfg.cells(), finished={("rope", 0), ("rope-ft", 0)})
+    again = eta.cell_costs(cfg, cfg.cells(), finished={(Row("rope"), 0), (Row("rope-ft"), 0)})
     assert [c.train + c.finetune for c in again if c.seed == 0] == [0, 0, 0, 400]
 
 
@@ -61,31 +62,65 @@ def test_the_stated_time_comes_from_each_configs_comment():
     assert eta.config_stated_s("ci") == 80 and eta.config_stated_s("long-2048") is None
 
 
-def test_warning_when_far_beyond_the_stated_time_or_over_an_hour_on_a_cpu():
-    assert eta.warning(1500, 600, "cpu") is None  # 2.5x: not "far"
-    far = eta.warning(39420, 600, "cuda")
-    assert far.startswith("  note: about 10 h 57 min, far beyond the ~10 min") and "--config ci" in far
-    assert "--steps" in far and "GPU" in far and "\n" not in far
-    assert eta.warning(4000, None, "cpu").startswith("  note: about 1 h 7 min on this CPU")
-    assert eta.warning(4000, None, "cuda") is None and eta.warning(3000, None, "cpu") is None
+def test_a_note_only_past_three_times_the_stated_time_or_an_hour_on_a_cpu():
+    assert eta.note_after(600, "cpu") == 1800 and eta.note_after(None, "cpu") == 3600
+    assert eta.note_after(7200, "cpu") == 3600 and eta.note_after(600, "cuda") == 1800
+    assert eta.note_after(None, "cuda") is None
+    assert eta.warning(1500, 600, "cpu", []) is None  # 2.5x: not "far"
+    far = eta.warning(39420, 600, "cuda", ["--batch-size 2"])
+    assert far == ("  note: about 10 h 57 min, far beyond the ~10 min the config's comment states; under 30 min here "
+                   "with any one of: --batch-size 2 (or a GPU, --device cuda)")
+    assert eta.warning(4000, None, "cpu", ["--train-len 64"]).startswith("  note: about 1 h 7 min on this CPU; under 1 h")
+    assert eta.warning(4000, None, "cuda", []) is None and eta.warning(3000, None, "cpu", []) is None
+    assert eta.warning(4000, None, "cpu", []).endswith("brings it under 1 h here: it needs a GPU (--device cuda)")
+
+
+def _mission(step_s: float):
+    """`run --train-len 2048 --eval-lens 4096`: the default config's 7 rows (6 trained models)."""
+    cfg = load_config("default", {"train.train_len": 2048, "eval.lens": ["4096"]})
+    return cfg, eta.cell_costs(cfg, cfg.cells()), eta.estimate_lines
 
 
 def test_the_mission_command_is_priced_at_about_half_a_day_on_a_16_s_step():
-    """`run --train-len 2048 --eval-lens 4096` on 2 CPU cores (16.4 s a step measured here): 6 trained models
-    of 400 steps, 7 cells evaluated at 2048 and 4096."""
-    cfg = load_config(None, {"train.train_len": 2048, "eval.lens": ["4096"]})
-    costs = eta.cell_costs(cfg, cfg.cells())
+    """On 2 CPU cores (16.4 s a step measured here): 6 trained models of 400 steps, 7 cells evaluated."""
+    cfg, costs, _ = _mission(16.4)
     assert sum(c.train for c in costs) == 6 * 400
-    lines = eta.estimate_lines(costs, 16.4, 400, eta.config_stated_s(None), "cpu")
+    lines = eta.estimate_lines(cfg, costs, 16.4, eta.config_stated_s("default"), "cpu")
     assert lines[0].startswith("  timing: 16.4 s a training step on cpu: about 1 h 49 min a model (400 steps)")
     assert "for the sweep (7 cells)" in lines[0] and "far beyond the ~10 min" in lines[1]
+
+
+@pytest.mark.parametrize("device,stated", [("cpu", 600), ("cpu", None), ("cuda", 600)])
+def test_every_option_the_note_names_brings_the_sweep_under_its_limit(device, stated):
+    """Each flag the note suggests, applied alone, prices the sweep under the limit, so a rerun with it gets no
+    note (the hint never repeats itself); the step time scales with the step's FLOPs."""
+    cfg, costs, _ = _mission(16.4)
+    limit = eta.note_after(stated, device)
+    options = eta.quicker(cfg, costs, 16.4, limit)
+    assert options and any(o.startswith("--batch-size") for o in options)
+    flags = {"--batch-size": "train.batch_size", "--train-len": "train.train_len", "--encodings": "encodings"}
+    for option in options:
+        flag, value = option.split(" ")
+        other = load_config("default", {"train.train_len": 2048, "eval.lens": ["4096"],
+                                        flags[flag]: value.split(",") if flag == "--encodings" else int(value)})
+        step_s = 16.4 * eta.step_flops(other) / eta.step_flops(cfg)
+        total = eta.seconds_left(eta.cell_costs(other, other.cells()), 0, step_s)
+        assert total <= limit, option
+        assert eta.warning(total, stated, device, []) is None
+
+
+def test_when_nothing_fits_the_note_says_a_gpu_is_needed():
+    cfg, costs, _ = _mission(16.4)
+    assert eta.quicker(cfg, costs, 5000.0, 3600) == []  # even one row at batch 1 takes hours
+    lines = eta.estimate_lines(cfg, costs, 5000.0, None, "cpu")
+    assert lines[1].endswith("it needs a GPU (--device cuda)")
 
 
 def test_clock_prints_the_estimate_once_after_the_first_steps_and_the_time_left_after_cells():
     now = [0.0]
     lines = []
     costs = [eta.CellCost("a", 0, train=10), eta.CellCost("b", 0, train=10), eta.CellCost("c", 0, eval=5)]
-    clock = eta.Clock(costs, 10, None, "cpu", lines.append, now=lambda: now[0])
+    clock = eta.Clock(load_config("default", {"train.steps": 10}), costs, None, "cpu", lines.append, now=lambda: now[0])
     for t in (5.0, 6.0, 7.0):  # the first step warms up (5 s); then 1 s a step
         now[0] = t
         clock.step()
@@ -107,7 +142,8 @@ def test_clock_prints_the_estimate_once_after_the_first_steps_and_the_time_left_
 def test_clock_stops_measuring_after_measure_s_of_slow_steps():
     now = [0.0]
     lines = []
-    clock = eta.Clock([eta.CellCost("a", 0, train=400)], 400, 600, "cpu", lines.append, now=lambda: now[0])
+    clock = eta.Clock(load_config("default"), [eta.CellCost("a", 0, train=400)], 600, "cpu", lines.append,
+                      now=lambda: now[0])
     for t in (19.0, 36.0, 53.0):  # after two timed steps: 34 s >= MEASURE_S
         now[0] = t
         clock.step()

@@ -1,9 +1,12 @@
+"""The evaluation protocol (bench/evaluate.py): the same targets at every length and stride, token-weighted ppl
+against hand computations and transformers, loss by position, resampling units, documents per window."""
+
 import math
 
 import pytest
 import torch
 
-from posenc_bench.bench.evaluate import Scoring, evaluate_length, segment_length, windows
+from posenc_bench.bench.evaluate import Scoring, documents_per_window, evaluate_length, segment_length, windows
 
 
 def segments(n=3, S=24, seed=0):
@@ -139,3 +142,10 @@ def test_units_are_the_same_targets_at_every_length(stride):
         assert torch.allclose(torch.tensor(u["nll"], dtype=torch.float64), hand, rtol=1e-6, atol=1e-5)
         assert sum(u["tokens"]) == res["tokens"] and sum(u["bytes"]) == res["bytes"]
         assert sum(u["nll"]) == pytest.approx(res["loss"] * res["tokens"], rel=1e-9)
+
+
+def test_documents_per_window_counts_what_each_window_spans():
+    doc = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2, 2]])  # (1, S + 1) with S = 8
+    assert documents_per_window(doc, 8) == 3.0  # inputs are tokens 0..7: documents 0, 1, 2
+    assert documents_per_window(doc, 4) == pytest.approx((2 + 2) / 2)  # [0,0,0,1], [1,2,2,2]
+    assert documents_per_window(doc, 2) == pytest.approx((1 + 2 + 2 + 1) / 4)

@@ -105,3 +105,30 @@ def test_passkey_cli_on_a_trained_checkpoint(tmp_path, capsys):
     assert re.search(r"\| 0 +\| +0/1 \| +n/a \|", out) and "none of the lengths tried" in out
     assert main(["passkey", "--model", str(ckpt / "rope-seed0"), "--encoding", "alibi"]) == 2
     assert "does not evaluate the trained 'rope' model" in capsys.readouterr().err
+
+
+def test_passkey_on_a_hugging_face_model_with_its_tokenizer_and_a_scaling(llama_dir, tmp_path):
+    from posenc_bench.bench import passkey
+
+    lm = passkey.load_lm(f"hf:{llama_dir}", rope_scaling="yarn")
+    assert lm.train_len == 32
+    assert lm.prefix() == []  # this tokenizer adds no special tokens (no post-processor)
+    lm.hf.tokenizer._tokenizer.post_processor = __import__("tokenizers").processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 1)])
+    assert lm.prefix() == [0]  # BOS before the text counts; EOS after it does not
+    lm.hf.tokenizer._tokenizer.post_processor = None
+    original = lm.hf.rotary_modules()[0].inv_freq.clone()
+    lm.set_length(64)  # factor 2: transformers' yarn frequencies inside, the original module put back after
+    scaled = lm.hf.rotary_modules()[0]
+    assert scaled.rope_type == "yarn" and not torch.equal(scaled.inv_freq, original)
+    p = passkey.build_prompt(lm, 200, 0.5, "12345")
+    assert len(p.ids) == 200 and "12345" in lm.hf.tokenizer.decode(p.ids[p.answer_start:])
+    lm.set_length(32)
+    assert torch.equal(lm.hf.rotary_modules()[0].inv_freq, original)
+    out = tmp_path / "pk"
+    assert main(["passkey", "--model", f"hf:{llama_dir}", "--rope-scaling", "yarn", "--lengths", "8,16x",
+                 "--trials", "1", "--depths", "0,1", "--out", str(out)]) == 0
+    data = json.loads((out / "passkey.json").read_text())
+    assert data["model"] == "hf:tiny-llama+yarn" and {r["length"] for r in data["records"]} == {256, 512}
+    assert data["checkpoint"]["model"]["class"] == "LlamaForCausalLM"
+    assert main(["passkey", "--model", f"hf:{llama_dir}", "--encoding", "rope-yarn"]) == 2

@@ -91,7 +91,7 @@ def test_merge_lists_missing_cells_and_writes_only_with_partial(sweeps, tmp_path
     part.mkdir()
     for i in (1, 3):
         (part / f"results.shard-{i}-of-3.json").write_bytes((sweeps / "shared" / f"results.shard-{i}-of-3.json").read_bytes())
-    missing = sorted(training_unit(*c)[0] + f" seed {c[1]}" for c in shard_cells(
+    missing = sorted(training_unit(*c)[0].name + f" seed {c[1]}" for c in shard_cells(
         load_config(str(sweeps / "single" / "config.yaml")).cells(), 2, 3))
     assert main(["merge", str(part), "--out", str(tmp_path / "m")]) == 2
     err = capsys.readouterr().err.strip()
@@ -154,7 +154,7 @@ def test_assignment_partitions_keeps_variants_with_their_base_and_balances():
     cells = cfg.cells()
     for n in (1, 2, 3, 5, 16, 40):
         parts = [shard_cells(cells, i, n) for i in range(1, n + 1)]
-        assert sorted(c for p in parts for c in p) == sorted(cells)
+        assert sorted((r.name, s) for p in parts for r, s in p) == sorted((r.name, s) for r, s in cells)
         # rope-linear is evaluated on rope's model: same shard, so no model is trained by two shards
         units = [len({training_unit(*c) for c in p}) for p in parts]
         assert sum(units) == len({training_unit(*c) for c in cells}) == 5 * 3  # 6 rows, rope-linear shares rope's

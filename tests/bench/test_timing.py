@@ -4,12 +4,13 @@ import csv
 import json
 
 import pytest
-from pathlib import Path
 import torch
 
+from posenc_bench import encodings
+from posenc_bench.bench.timing import (TimingConfig, clock_note, fused_first, markdown, rope_fixes, row_label,
+                                       run_timing, seconds, versus_llama, write_outputs)
 from posenc_bench.commands.cli import main
-from posenc_bench.bench.timing import (TimingConfig, llama_like, markdown, measure, run_timing, textbook_sinusoidal, versus_llama,
-                                 write_outputs)
+from posenc_bench.env import cpu_name
 
 
 def quiet(_):
@@ -21,7 +22,9 @@ def test_time_writes_json_csv_and_markdown(tmp_path, capsys):
                  "--no-train", "--out", str(tmp_path)])
     assert code == 0
     data = json.loads((tmp_path / "timing.json").read_text())
-    assert data["machine"]["torch"] == torch.__version__ and data["machine"]["threads"] >= 1 and data["machine"]["cpu"]
+    assert data["machine"]["torch"] == torch.__version__ and data["machine"]["threads"] >= 1
+    assert data["machine"]["cpu"] == cpu_name() and "(" in cpu_name()  # the model and its instruction set
+    assert 0 < data["machine"]["timer_resolution_s"] < 1e-3
     rows = data["rows"]
     gen = {(r["encoding"], r["length"]) for r in rows if r["part"] == "generation"}
     assert {("sinusoidal", 64), ("rope", 96), ("alibi", 64), ("t5", 96), ("learned", 64)} <= gen
@@ -32,8 +35,9 @@ def test_time_writes_json_csv_and_markdown(tmp_path, capsys):
     assert sinus["median_s"] > 0 and sinus["floor_s"] > 0 and sinus["x_floor"] == pytest.approx(sinus["median_s"] / sinus["floor_s"])
     assert sinus["x_textbook"] == pytest.approx(sinus["reference_s"] / sinus["median_s"])
     attn = [r for r in rows if r["part"] == "attention forward" and r["length"] == 64]
-    assert {r["encoding"] for r in attn} >= {"nope", "rope", "alibi", "alibi (explicit bias)", "t5"}
-    assert next(r for r in attn if r["encoding"] == "nope")["x_fused"] == 1.0
+    # every trained encoding (the fused path first), the rope model's per-pair fixes and sinks at 4x, explicit alibi
+    assert [r["encoding"] for r in attn] == fused_first(encodings.trained()) + rope_fixes(16) + ["alibi (explicit bias)"]
+    assert attn[0]["encoding"] == "nope" and attn[0]["x_fused"] == 1.0
     for r in attn:  # alternating rounds, each against its own round's fused time; the median reported
         assert len(r["x_fused_rounds"]) == 3 and r["x_fused"] == pytest.approx(sorted(r["x_fused_rounds"])[1], abs=5e-4)
         assert r["runs"] >= 3
@@ -43,27 +47,8 @@ def test_time_writes_json_csv_and_markdown(tmp_path, capsys):
     assert len(table) == len(rows)
     md = (tmp_path / "timing.md").read_text()
     assert "### generation" in md and "sinusoidal" in md and "x_floor" in md and "setup_ms" in md
-    assert "wrote" in capsys.readouterr().out
-
-
-def test_textbook_reference_is_the_tutorial_formula():
-    from posenc_bench.encodings.absolute import sinusoidal_table
-
-    assert torch.allclose(textbook_sinusoidal(100, 32), sinusoidal_table(100, 32), atol=1e-5)
-
-
-def test_llama_reference_matches_our_model_size():
-    from posenc_bench.model.transformer import DecoderLM, ModelConfig
-
-    cfg = ModelConfig()
-    ours = sum(p.numel() for p in DecoderLM(cfg, "rope", 128).parameters())
-    llama = llama_like(cfg, 128)
-    theirs = sum(p.numel() for p in llama.parameters())
-    assert abs(ours - theirs) / ours < 0.005
-    c = llama.config
-    assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.vocab_size) == (128, 4, 4, 257)
-    assert c.tie_word_embeddings and c._attn_implementation == "sdpa"
-    assert c.use_cache is False  # a training step builds no KV cache
+    out = capsys.readouterr().out
+    assert "wrote" in out and "timer resolution" in out and "0.0x faster" not in out
 
 
 def test_versus_llama_reports_paired_rounds_and_tokens_per_second():
@@ -73,46 +58,12 @@ def test_versus_llama_reports_paired_rounds_and_tokens_per_second():
     for r, ours, llama in zip(v["ratios"], v["ours_tokens_per_s"], v["llama_tokens_per_s"]):
         assert r == pytest.approx(ours / llama)  # tokens/s ratio = Llama time / our time, per round
     assert v["ratio"] == sorted(v["ratios"])[1]
-    result = {"machine": {"cpu": "cpu", "device": "cpu", "threads": 2, "torch": torch.__version__},
+    result = {"machine": {"cpu": "AMD EPYC (AVX512)", "device": "cpu", "threads": 2, "torch": torch.__version__},
               "config": {"dtype": "fp32"}, "commit": "abc", "rows": [], "versus_llama":
               {**v, "ratio": 1.25, "ratios": [1.2, 1.25, 1.3], "ours_tokens_per_s": [10_000.0, 12_500.0, 13_000.0],
                "llama_tokens_per_s": [9_000.0, 10_000.0, 11_000.0]}}
     assert ("tokens/s = **1.25x**, the median of the paired rounds 1.20, 1.25, 1.30 (tokens/s, each side's own "
             "median: ours 12,500, Llama 10,000; 821,632 vs") in markdown(result)
-
-
-@pytest.mark.parametrize("threads", [1, 2])
-def test_measure_runs_at_the_configured_thread_count(threads):
-    # torch.utils.benchmark.Timer runs single-threaded unless told otherwise; the timing table records
-    # torch.get_num_threads(), so the measured code must run with exactly that many threads.
-    seen = []
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(threads)
-        result = measure(lambda: seen.append(torch.get_num_threads()), 0.01)
-    finally:
-        torch.set_num_threads(before)
-    assert result["runs"] >= 1 and result["median_s"] > 0
-    assert seen and set(seen) == {threads}
-
-
-@pytest.mark.parametrize("args,message", [
-    (["--lengths", "12,abc"], "--lengths '12,abc'"),
-    (["--precision", "fp8"], "precision 'fp8' is not supported here; valid: fp32, bf16"),
-    (["--lengths", "0"], "lengths must be positive"),
-])
-def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, message):
-    assert main(["time", "--out", str(tmp_path), *args]) == 2
-    err = capsys.readouterr().err.strip()
-    assert message in err and len(err.splitlines()) == 1
-    assert not (tmp_path / "timing.json").exists()
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
-def test_cuda_without_cuda_is_one_line_and_exit_2(tmp_path, capsys):
-    assert main(["time", "--device", "cuda", "--out", str(tmp_path)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "CUDA is not available" in err and len(err.splitlines()) == 1
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
@@ -124,15 +75,41 @@ def test_cuda_run_records_the_gpu(tmp_path):
     assert all(r["median_s"] > 0 for r in result["rows"])
 
 
-def test_eval_peak_memory_is_measured_per_encoding():
-    from posenc_bench.bench.timing import eval_peak_memory
+def test_what_is_timed_is_the_registrys():
+    # the rows of the former own lists: trained encodings with nope first, the zero-shot scalings, the fixes
+    assert fused_first(encodings.trained())[:2] == ["nope", "sinusoidal"] and "rope-linear" not in encodings.trained()
+    assert encodings.variants("rope", family="rotary scaling (zero-shot)") == [
+        "rope-linear", "rope-ntk", "rope-dynamic", "rope-yarn", "rope-llama3"]
+    assert rope_fixes(512) == ["rope-rerope", "rope-leaky", "rope-selfextend", "rope+sink4+sw508"]
 
-    if not Path("/proc/self/clear_refs").exists():  # no way to reset the peak RSS here
-        assert eval_peak_memory("nope", torch.device("cpu"), 16, 64, 2) is None
-        return
-    fused = eval_peak_memory("nope", torch.device("cpu"), 64, 256, 2)
-    explicit = eval_peak_memory("rope-rerope", torch.device("cpu"), 64, 256, 2)  # whole (B, H, q, k) logits
-    assert isinstance(fused, int) and fused > 0 and explicit > fused
-    with pytest.raises(RuntimeError, match="peak-memory forward of 'no-such-row' failed"):
-        eval_peak_memory("no-such-row", torch.device("cpu"), 16, 64, 2)
 
+def timed_result(resolution_s, rows):
+    return {"machine": {"cpu": "AMD EPYC (AVX512)", "device": "cpu", "threads": 2, "torch": torch.__version__,
+                        "timer_resolution_s": resolution_s}, "config": {"precision": "fp32"}, "commit": "abc",
+            "rows": [{"part": "attention forward", "length": 2048, "dims": "4x128", "what": "one layer", **r}
+                     for r in rows]}
+
+
+def test_clock_bound_rows_are_named_in_the_log_note_and_timing_md():
+    rows = [{"encoding": name, "median_s": ms / 1e3, "iqr_s": 0.0, "runs": 3, "clock_bound": True}
+            for name, ms in (("nope", 8.0), ("rope", 16.0), ("t5", 24.0))]
+    rows.append({"encoding": "alibi", "median_s": 0.0313, "iqr_s": 0.0021, "runs": 3, "clock_bound": False})
+    result = timed_result(0.008, rows)
+    note = clock_note(result)
+    assert note.startswith("3 row(s) timed within 10 steps of the clock's resolution (8 ms)")
+    assert note.endswith(": attention forward nope, L=2048; attention forward rope, L=2048; attention forward t5, L=2048")
+    md = markdown(result)
+    assert f"**Clock-bound:** {note}." in md and "timer resolution 8 ms" in md
+    fine = timed_result(1e-6, rows[3:])
+    assert clock_note(fine) is None and "Clock-bound" not in markdown(fine)
+
+
+def test_row_label_names_what_a_generation_or_floor_row_builds():
+    assert row_label({"part": "floor", "encoding": "-", "what": "write 64 fp32 / 0 fp32 sin", "length": 64}) == (
+        "floor, write 64 fp32 / 0 fp32 sin, L=64")
+    folded = {"part": "generation", "encoding": "alibi", "what": "folded bias factors (H, L) x 2", "length": 64}
+    assert row_label(folded) == "generation alibi, folded bias factors (H, L) x 2, L=64"
+
+
+def test_seconds_reads_at_any_scale():
+    assert [seconds(v) for v in (4.1e-8, 1.5e-6, 0.008, 2.5)] == ["41 ns", "1.5 us", "8 ms", "2.5 s"]

@@ -68,12 +68,13 @@ def test_learned_rand_is_out_of_range_past_m_with_the_reason():
 def test_m_is_in_the_cell_key_and_refuses_a_range_below_the_train_length():
     from posenc_bench.bench.config import RunConfig
     from posenc_bench.bench.keys import cell_key
+    from posenc_bench.bench.rows import Row
     from posenc_bench.errors import ConfigError
 
     cls = encodings.get_class("learned+rand")
     assert cls.key_options(128, {}) == {"max_position": 1024}
     cfg = RunConfig()
-    assert cell_key(cfg, "rope+rand", None, 0, "fp") != cell_key(cfg, "rope", None, 0, "fp")
+    assert cell_key(cfg, Row("rope+rand"), 0, "fp") != cell_key(cfg, Row("rope"), 0, "fp")
     cfg.train.train_len = 64  # another train length resolves another M (and another key anyway)
     assert cls.key_options(64, {}) == {"max_position": 512}
     assert encodings.get_class("rope").key_options(128, {}) == {}  # other keys stay as they were

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from posenc_bench import encodings
-from posenc_bench.errors import PositionOutOfRange, UnknownEncodingError
+from posenc_bench.errors import ConfigError, PositionOutOfRange, UnknownEncodingError
 from posenc_bench.model.transformer import DecoderLM
 
 NAMES = encodings.available()
@@ -25,15 +25,65 @@ def test_unknown_encoding_names_the_value_and_the_valid_ones():
         assert name in msg
 
 
-FAMILIES = {"classic absolute", "relative bias", "rotary", "rotary scaling (zero-shot)", "rotary scaling (fine-tuned)",
-            "rotary fix (zero-shot)", "attention sinks (zero-shot)", "contextual", "randomized positions", "none"}
+# Every row's family, grouped: what family() gave before it read the classes only (it also guessed from module
+# names and hooks then); a sink row's class is generated from its name.
+FAMILY_ROWS = {
+    "classic absolute": ["sinusoidal", "learned"],
+    "rotary": ["rope", "rope-partial", "xpos", "xpos+bca"],
+    "rotary scaling (zero-shot)": ["rope-linear", "rope-ntk", "rope-dynamic", "rope-yarn", "rope-llama3"],
+    "rotary scaling (fine-tuned)": ["rope-ft", "rope-linear-ft", "rope-ntk-ft", "rope-dynamic-ft", "rope-yarn-ft",
+                                    "rope-llama3-ft"],
+    "rotary fix (zero-shot)": ["rope-rerope", "rope-leaky", "rope-selfextend"],
+    "relative bias": ["t5", "alibi", "kerple", "kerple-power", "fire"],
+    "contextual": ["cope"],
+    "none": ["nope"],
+    "randomized positions": ["sinusoidal+rand", "learned+rand", "rope+rand", "rope-partial+rand", "xpos+rand",
+                             "alibi+rand", "kerple+rand", "kerple-power+rand", "fire+rand"],
+    "attention sinks (zero-shot)": ["rope+sink4+sw64", "alibi+sink2", "rope+rand+sink4+sw64"],
+}
 
 
 def test_every_encoding_names_its_family_and_paper():
     for name in NAMES:
         cls = encodings.get_class(name)
-        assert cls.family in FAMILIES, (name, cls.family)
+        assert encodings.family(cls) == cls.family and cls.family in encodings.FAMILIES, (name, cls.family)
         assert cls.paper and any(ch.isdigit() for ch in cls.paper), name  # authors and a year
+
+
+def test_the_family_is_what_each_class_declares_and_every_row_has_one():
+    rows = {name: family for family, names in FAMILY_ROWS.items() for name in names}
+    assert set(rows) == set(NAMES) | {"rope+sink4+sw64", "alibi+sink2", "rope+rand+sink4+sw64"}
+    assert {name: encodings.family(encodings.get_class(name)) for name in rows} == rows
+    assert set(FAMILY_ROWS) == set(encodings.FAMILIES)  # every family has rows
+
+
+def test_a_class_without_a_valid_family_is_refused_naming_the_class_and_the_valid_ones():
+    from posenc_bench.encodings.nope import NoPE
+
+    class Bare(encodings.Encoding):
+        pass
+
+    class Typo(NoPE):
+        family = "rotary scalings"
+
+    for cls, value in ((Bare, "''"), (Typo, "'rotary scalings'")):
+        with pytest.raises(ConfigError) as e:
+            encodings.family(cls)
+        message = str(e.value)
+        assert cls.__name__ in message and value in message
+        assert all(repr(f) in message for f in encodings.FAMILIES)
+
+
+def test_trained_and_variants_select_rows_by_their_hooks():
+    trained = encodings.trained()
+    assert trained == [n for n in encodings.available() if encodings.get_class(n).trained_as is None]
+    assert {"rope", "alibi", "rope+rand"} <= set(trained) and "rope-linear" not in trained
+    assert encodings.variants("rope", family="rotary fix (zero-shot)") == ["rope-rerope", "rope-leaky", "rope-selfextend"]
+    assert encodings.variants("rope", finetuned=True) == ["rope-ft", "rope-linear-ft", "rope-ntk-ft", "rope-dynamic-ft",
+                                                          "rope-yarn-ft", "rope-llama3-ft"]
+    assert encodings.variants("alibi") == []
+    with pytest.raises(ConfigError, match="'rotary fixes'.*valid families: 'classic absolute'"):
+        encodings.variants("rope", family="rotary fixes")
 
 
 def test_every_encoding_has_a_summary_and_a_paper_docstring():
@@ -124,8 +174,6 @@ def test_checkpoint_round_trip_gives_the_same_logits(name, tiny_cfg, tmp_path):
 
 
 def test_unknown_option_is_refused():
-    from posenc_bench.errors import ConfigError
-
     with pytest.raises(ConfigError, match="num_buckets"):
         encodings.build("t5", d_model=32, n_heads=4, train_len=8, options={"buckets": 8})
 

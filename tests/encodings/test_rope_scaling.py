@@ -8,6 +8,7 @@ import torch
 from posenc_bench import encodings
 from posenc_bench.bench.config import RunConfig, load_config
 from posenc_bench.bench.keys import cell_key, eval_key
+from posenc_bench.bench.rows import Row
 from posenc_bench.encodings.rope import RoPE, default_inv_freq, rope_cos_sin
 from posenc_bench.encodings.rope_scaling import LLAMA3_FREQ_FACTORS, SCALING_TABLE, dynamic_frequencies, ntk_inv_freq
 from posenc_bench.errors import ConfigError
@@ -132,8 +133,8 @@ def test_a_fixed_factor_from_the_config_and_what_it_changes():
     assert enc.attention_scale == pytest.approx(0.1 * math.log(2) + 1)
     cfg = load_config(None, {"encodings": ["rope", "rope-yarn"], "model.encoding_options": {"rope-yarn": {"factor": 2}}})
     plain = RunConfig()
-    assert cell_key(cfg, "rope", None, 0, "fp") == cell_key(plain, "rope", None, 0, "fp")  # same trained model
-    assert eval_key(cfg, "rope-yarn") != eval_key(plain, "rope-yarn")  # other numbers: re-evaluated, not skipped
+    assert cell_key(cfg, Row("rope"), 0, "fp") == cell_key(plain, Row("rope"), 0, "fp")  # same trained model
+    assert eval_key(cfg, Row("rope-yarn")) != eval_key(plain, Row("rope-yarn"))  # other numbers: re-evaluated, not skipped
     with pytest.raises(ValueError, match="factor must be 0"):
         build("rope-ntk", factor=0.5)
 

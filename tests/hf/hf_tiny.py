@@ -1,4 +1,4 @@
-"""Tiny Hugging Face models and a tokenizer built offline, for tests/hf/test_hf.py."""
+"""Tiny Hugging Face models and a tokenizer built offline; the session fixtures of tests/conftest.py use them."""
 
 from pathlib import Path
 

@@ -1,18 +1,18 @@
-"""parts_attention: an encoding's logits split into plain attentions over disjoint pairs, merged by log-sum-exp,
-equal to softmax of the whole logits (the explicit path it replaces) on every chunking and kernel."""
+"""The explicit-logits paths: an encoding's logits split into plain attentions over disjoint pairs and merged
+by log-sum-exp (parts) equal softmax of the whole logits (logits), on every chunking and kernel."""
 
 import pytest
 import torch
 
 from posenc_bench import encodings
-from posenc_bench.model import attention
-from posenc_bench.model.attention import AttentionPlan, attention_lse, explicit_attention, parts_attention
+from posenc_bench.model.attention import AttentionPlan, Chunk
+from posenc_bench.model.explicit import attention_lse, explicit_attention, parts_attention
 
 
-def _explicit(encoding, plan, i, q, k, v, mask, scale):
-    q_pos, k_pos = plan.chunk_positions(i)
-    logits = encoding.attention_logits(q, k, q_pos, k_pos, mask, scale)
-    return torch.softmax(logits.float(), dim=-1) @ v
+def _softmax_of_the_logits(plan, c):
+    q_pos, k_pos = plan.chunk_positions(c.i)
+    logits = plan.encoding.attention_logits(c.q, c.k, q_pos, k_pos, c.mask, c.scale)
+    return torch.softmax(logits.float(), dim=-1) @ c.v
 
 
 @pytest.mark.parametrize("name", ["rope-rerope", "rope-leaky", "rope-selfextend"])
@@ -27,12 +27,13 @@ def test_parts_equal_the_whole_logits(name, max_bytes, grad):
     q, k, v = (torch.randn(1, H, T, D, generator=g) for _ in range(3))
     with torch.set_grad_enabled(grad):
         plan = AttentionPlan(enc, torch.arange(T), None, max_bytes)
+        assert plan.path == "parts"
         assert (len(plan.chunks) == 1) == (max_bytes == 1 << 30)
         for i, (qs, qe, ks) in enumerate(plan.chunks):
-            args = (enc, plan, i, q[:, :, qs:qe], k[:, :, ks:qe], v[:, :, ks:qe], plan.mask(i, q.dtype), D ** -0.5)
-            got, want = parts_attention(*args), _explicit(*args)
+            c = Chunk(i, q[:, :, qs:qe], k[:, :, ks:qe], v[:, :, ks:qe], plan.mask(i, q.dtype), D ** -0.5)
+            got, want = parts_attention(plan, c), _softmax_of_the_logits(plan, c)
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(explicit_attention(*args), got)  # the model's path is the parts one
+            torch.testing.assert_close(explicit_attention(plan, c), want)  # the logits path: the same attention
 
 
 def test_lse_of_a_row_with_no_visible_key_is_minus_infinity_on_both_kernels():
@@ -55,5 +56,14 @@ def test_parts_chunks_are_sized_by_masks_without_heads():
     enc = encodings.build("rope-selfextend", d_model=32, n_heads=H, train_len=64)
     enc.set_eval_length(T)
     plan = AttentionPlan(enc, torch.arange(T), None, budget)
-    rows = budget // (4 * T * attention.AttentionPlan.PART_TENSORS)  # (q, k) masks: no head or batch factor
+    rows = budget // (4 * T * AttentionPlan.PART_TENSORS)  # (q, k) masks: no head or batch factor
     assert [qe - qs for qs, qe, _ in plan.chunks][:-1] == [rows] * (len(plan.chunks) - 1)
+
+
+def test_logits_chunks_are_sized_by_whole_logits_of_every_head_and_sequence():
+    T, H, B, budget = 64, 4, 2, 1 << 16
+    enc = encodings.build("cope", d_model=32, n_heads=H, train_len=64)
+    plan = AttentionPlan(enc, torch.arange(T), None, budget, batch=B)
+    assert plan.path == "logits"
+    rows = budget // (4 * T * H * B * AttentionPlan.LOGIT_TENSORS)
+    assert rows > 1 and [qe - qs for qs, qe, _ in plan.chunks][:-1] == [rows] * (len(plan.chunks) - 1)

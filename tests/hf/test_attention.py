@@ -3,37 +3,21 @@
 The reference for each fix is written out here from its paper's rule with transformers' own rotary module and
 ``apply_rotary_pos_emb``, independently of our encodings' code."""
 
-import json
-import math
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-from posenc_bench import data
-from posenc_bench.bench.evaluate import documents_per_window
-from posenc_bench.commands.cli import main
-from posenc_bench.env import peak_memory
 from posenc_bench.hf import attention as hf_attention
 from posenc_bench.hf import model as hf
-from posenc_bench.hf import rope as hf_rope
 
-sys.path.insert(0, str(Path(__file__).parent))
-from hf_tiny import save_llama, train_tokenizer  # noqa: E402
+from tests.hf.hf_tiny import save_llama
 
 TRAIN = 32  # the tiny model's max_position_embeddings
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return train_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tokenizer, tmp_path_factory):
-    path = save_llama(tmp_path_factory.mktemp("llama") / "tiny-llama", tokenizer, max_positions=TRAIN)
-    return hf.HFModel(hf.resolve_model(f"hf:{path}"), device=torch.device("cpu"))
+@pytest.fixture
+def model(hf_model):
+    """The session's tiny Llama (tests/conftest.py), under the name these tests use."""
+    return hf_model
 
 
 def _logits(m: hf.HFModel, x: torch.Tensor, encoding=None) -> torch.Tensor:
@@ -164,88 +148,3 @@ def test_scaled_frequencies_are_refused_for_rerouting(tokenizer, tmp_path):
     m = hf.HFModel(hf.resolve_model(f"hf:{path}"), device=torch.device("cpu"))
     with pytest.raises(Exception, match="not the default"):
         hf_attention.build_encoding("rope-selfextend", m.config, m.rotary, 32)
-
-
-def test_every_fix_row_is_accepted_for_hugging_face_models_but_a_bare_sink():
-    rows = hf_rope.parse_scalings("all,ntk,rerope,leaky,selfextend,sink4+sw60")
-    hf_rope.require_hf(rows)
-    with pytest.raises(Exception, match="trained without a sliding window"):
-        hf_rope.require_hf(["sink4"])
-
-
-def test_eval_rows_of_fixes_reuse_the_model_where_they_are_the_identity(model, tmp_path):
-    out = tmp_path / "o"
-    assert main(["eval", "--model", f"hf:{model.spec.ref}", "--eval-lens", "1,2x", "--eval-tokens", "128",
-                 "--rope-scaling", "selfextend,rerope,sink4+sw28", "--out", str(out), "--progress", "off"]) == 0
-    recs = {(r["encoding"].split("+", 1)[-1], r["eval_len"]): r for r in json.loads((out / "results.json").read_text())["records"]}
-    base = {L: recs[(r, L)] for (r, L) in recs if r.startswith("hf:")}
-    assert recs[("selfextend", 32)]["same_as"] and recs[("selfextend", 32)]["ppl"] == base[32]["ppl"]
-    assert recs[("sink4+sw28", 32)]["same_as"]
-    assert not recs[("rerope", 32)].get("same_as")  # active from w = 16 on
-    for key in (("selfextend", 64), ("rerope", 64), ("sink4+sw28", 64)):
-        rec = recs[key]
-        assert not rec.get("same_as") and rec["ppl"] != base[64]["ppl"] and math.isfinite(rec["ppl"])
-        assert rec["rerouted"]["encoding"] in ("rope-selfextend", "rope-rerope", "rope+sink4+sw28")
-    assert recs[("selfextend", 64)]["rerouted"]["group"] == 3  # the smallest G with G (32 - 8) + 8 >= 64
-    assert base[64]["peak_memory_bytes"] > 0 and base[64]["peak_memory_kind"] == "process peak RSS"
-    assert base[64]["documents_per_window"] >= 1.0
-
-
-# ---- long documents, documents per window, peak memory --------------------------------------------------
-
-def test_document_segments_never_cross_a_document():
-    docs = [torch.arange(100, 100 + n) for n in (5, 25, 9, 31)]  # with S = 10: 25 -> 2 segments, 31 -> 3
-    seg = data.document_segments(docs, 10, 50)
-    assert seg.shape == (5, 11)
-    assert seg[0].tolist() == list(range(100, 111)) and seg[1].tolist() == list(range(110, 121))
-    assert seg[2].tolist() == list(range(100, 111))  # the next long document, from its start
-    with pytest.raises(data.DataError, match="hold 5 segment"):
-        data.document_segments(docs, 10, 70)
-
-
-def test_documents_per_window_counts_what_each_window_spans():
-    doc = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2, 2]])  # (1, S + 1) with S = 8
-    assert documents_per_window(doc, 8) == 3.0  # inputs are tokens 0..7: documents 0, 1, 2
-    assert documents_per_window(doc, 4) == pytest.approx((2 + 2) / 2)  # [0,0,0,1], [1,2,2,2]
-    assert documents_per_window(doc, 2) == pytest.approx((1 + 2 + 2 + 1) / 4)
-
-
-def test_long_docs_keep_only_documents_longer_than_a_segment(model, tmp_path):
-    folder = tmp_path / "docs"
-    folder.mkdir()
-    for i, words in enumerate((20, 150, 30, 200)):  # 51, 431, 81, 575 tokens with the separator
-        (folder / f"d{i}.txt").write_text(" ".join(f"w{k % 97}" for k in range(words)))
-    out = tmp_path / "o"
-    assert main(["eval", "--model", f"hf:{model.spec.ref}", "--data", str(folder / "*.txt"), "--split", "all",
-                 "--long-docs", "--eval-lens", "1,8x", "--eval-tokens", "768", "--out", str(out), "--progress", "off"]) == 0
-    res = json.loads((out / "results.json").read_text())
-    # segments of 256 tokens: one from the 431-token document, two from the 575-token one, none from the others
-    assert res["run"]["config"]["eval"]["long_docs"] and res["run"]["eval_documents"] == 2
-    assert {r["documents_per_window"] for r in res["records"]} == {1.0}
-
-
-def test_long_docs_without_a_long_enough_document_is_one_line_and_exit_2(model, tmp_path, capsys):
-    (tmp_path / "short.txt").write_text("a few words only")
-    assert main(["eval", "--model", f"hf:{model.spec.ref}", "--data", str(tmp_path / "*.txt"), "--split", "all",
-                 "--long-docs", "--eval-tokens", "64", "--out", str(tmp_path / "o"), "--progress", "off"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "has 385 tokens (--long-docs" in err and "--split all" not in err and "\n" not in err
-
-
-def test_corpus_documents_of_all_splits_and_a_bad_split():
-    corpus = data.load_corpus("stdlib")
-    everything = corpus.documents("all")
-    assert len(everything) == sum(len(v) for v in corpus.splits.values())
-    assert everything[: len(corpus.splits["test"])] == corpus.splits["test"]
-    with pytest.raises(data.ConfigError, match="valid: train, valid, test, all"):
-        corpus.documents("heldout")
-
-
-def test_peak_memory_sees_a_large_allocation():
-    with peak_memory(torch.device("cpu")) as mem:
-        big = torch.ones(64 << 20, dtype=torch.float32)  # 256 MiB, touched
-        big += 1
-    del big
-    if mem["peak_memory_bytes"] is None:
-        pytest.skip("no /proc/self/clear_refs here")
-    assert mem["peak_memory_kind"] == "process peak RSS" and mem["peak_memory_bytes"] >= 256 << 20

@@ -1,0 +1,126 @@
+"""Captions: what was measured, in words, from a results file's run metadata and records.
+
+A table or figure is read away from its results file, so its caption carries what a reader needs to judge the
+numbers: the model (ours: size and training; a Hugging Face model: its revision and tokenizer), the text scored
+(corpus and eval fingerprints, tokens per length, protocol), the seeds, the device, the software versions and
+the commit of the code, with the mark of uncommitted changes.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+def _short_commit(commit: str) -> str:
+    sha, dirty, _ = commit.partition("-dirty")
+    return sha[:12] + ("-dirty" if dirty else "")
+
+
+def _commits(run: dict, records: Optional[list[dict]]) -> str:
+    """'commit X', or, when rows were added by later invocations, every commit with its rows."""
+    by_commit: dict[str, list[str]] = {}
+    for r in records or []:
+        rows = by_commit.setdefault(_short_commit(r.get("git_commit") or run["git_commit"]), [])
+        if r["encoding"] not in rows:
+            rows.append(r["encoding"])
+    if len(by_commit) <= 1:
+        return f"commit {_short_commit(next(iter(by_commit), run['git_commit']))}"
+    return "commits " + "; ".join(f"{c} ({', '.join(rows)})" for c, rows in by_commit.items())
+
+
+def _params(run: dict, records: Optional[list[dict]], digits: Optional[int] = None) -> str:
+    """The parameter count of the models behind the rows: one number, or the range when rows differ
+    (learned and T5 add their own parameters); older results carry one count for the run."""
+    params = run.get("params")
+    if isinstance(params, dict):
+        rows = {r["encoding"] for r in records or []} or set(params)
+        counts = sorted({n for row, n in params.items() if row in rows}) or [None]
+    else:
+        counts = [params]
+    if counts == [None]:
+        return "?"
+    shown = [f"{c / 1e6:.{digits}f}M" if digits is not None else f"{c:,}" for c in (counts[0], counts[-1])]
+    return shown[0] if len(counts) == 1 else f"{shown[0]}-{shown[1]}"
+
+
+def _protocol(cfg: dict) -> str:
+    ev = cfg.get("eval", {})
+    if ev.get("protocol", "nonoverlapping") == "strided":
+        return f", strided protocol: each window scores its last {ev['stride']} targets"
+    return ""
+
+
+def kind(run: dict) -> tuple[str, Optional[str]]:
+    """What made the results: ("run", None) for `posenc-bench run`; ("eval", "hf") for `posenc-bench eval` of a
+    Hugging Face model, ("eval", "checkpoint") for one of a checkpoint of ours. Each kind has its own fields."""
+    made_by = run.get("kind", "run")
+    return made_by, (run.get("model") or {}).get("kind") if made_by == "eval" else None
+
+
+def kind_text(run: dict) -> str:
+    """``kind`` in words, naming the model an eval scored."""
+    m = run.get("model") or {}
+    made_by, model = kind(run)
+    if made_by == "run":
+        return "a training run (posenc-bench run)"
+    if model == "hf":
+        return f"an eval of the Hugging Face model {m.get('model') or m.get('ref')} (posenc-bench eval)"
+    if model == "checkpoint":
+        return f"an eval of the checkpoint {m.get('path')} (posenc-bench eval)"
+    return f"results of kind {made_by!r} (model kind {model!r})"
+
+
+def _is_hf(run: dict) -> bool:
+    return kind(run) == ("eval", "hf")
+
+
+def caption(run: dict, records: Optional[list[dict]] = None) -> str:
+    if _is_hf(run):
+        return hf_caption(run)
+    cfg = run["config"]
+    m, t = cfg["model"], cfg["train"]
+    seeds = cfg["seeds"]
+    return (
+        f"Byte-level LM, {_params(run, records)} parameters ({m['n_layers']} layers, width {m['d_model']}, "
+        f"{m['n_heads']} heads), trained {t['steps']} steps x {t['batch_size']} x {t['train_len']} tokens "
+        f"(lr {t['lr']:g}); corpus {run['corpus']['source']} ({run['corpus']['fingerprint']}), "
+        f"{run['eval_tokens']:,} {cfg['eval']['split']} tokens scored at every length "
+        f"(eval {run['eval_fingerprint']}){_protocol(cfg)}; seeds {','.join(map(str, seeds))}; device {run['device']}; "
+        f"torch {run['versions']['torch']}; {_commits(run, records)}."
+    )
+
+
+def hf_caption(run: dict) -> str:
+    """Caption of a `posenc-bench eval` table of a pretrained Hugging Face model."""
+    m = run["model"]
+    what = m["ref"] + (f"/{m['gguf_file']}" if m.get("gguf_file") else "")
+    revision = m.get("file_sha256") or m.get("files_sha256") or m.get("hub_commit") or "?"
+    return (
+        f"Pretrained {m['class']} {what} (revision {revision}), {m['params']:,} parameters, {m['dtype']}; "
+        f"train length {run['train_len']} ({run['train_len_source']}); tokenizer {m['tokenizer']['class']} "
+        f"(vocab {m['tokenizer']['vocab_size']:,}, document separator {run['doc_separator']}); "
+        f"corpus {run['corpus']['source']} ({run['corpus']['fingerprint']}), {run['eval_tokens']:,} test tokens "
+        f"({run['eval_bytes']:,} bytes) scored at every length (eval {run['eval_fingerprint']}); device {run['device']}; "
+        f"torch {run['versions']['torch']}, transformers {run['versions']['transformers']}; "
+        f"commit {_short_commit(run['git_commit'])}."
+    )
+
+
+def short_caption(run: dict, records: Optional[list[dict]] = None) -> str:
+    """The caption facts in two short lines, for figures."""
+    if _is_hf(run):
+        m = run["model"]
+        return (f"{m['ref'].rsplit('/', 1)[-1]}{'/' + m['gguf_file'] if m.get('gguf_file') else ''}, "
+                f"{m['params'] / 1e6:.0f}M params, train len {run['train_len']}, tokenizer {m['tokenizer']['class']}\n"
+                f"corpus {run['corpus']['source']} ({run['corpus']['fingerprint']}), {run['eval_tokens']:,} tokens "
+                f"per length; {run['device']}; commit {_short_commit(run['git_commit'])}")
+    cfg = run["config"]
+    m, t = cfg["model"], cfg["train"]
+    commits = list(dict.fromkeys(_short_commit(r.get("git_commit") or run["git_commit"]) for r in records or []))
+    commit = ("commits " + ", ".join(commits)) if len(commits) > 1 else f"commit {_short_commit(run['git_commit'])}"
+    return (
+        f"{_params(run, records, 2)} params ({m['n_layers']}L, d{m['d_model']}, {m['n_heads']}H), "
+        f"train len {t['train_len']}, {t['steps']} steps x {t['batch_size']}; seeds "
+        f"{','.join(map(str, cfg['seeds']))}\ncorpus {run['corpus']['source']} ({run['corpus']['fingerprint']}), "
+        f"{run['eval_tokens']:,} tokens per length{_protocol(cfg)}; {run['device']}; {commit}"
+    )

@@ -1,0 +1,135 @@
+"""What the numbers rest on: did each model learn to use its context, and what did each evaluation cost.
+
+The training table shows each row's train loss along the run and, at 1x, its test loss early in the window
+against the second half: a model stuck on the no-position plateau predicts from a few local bytes, so its loss
+hardly falls with position, and its extrapolation numbers say little about its encoding. The report flags such
+a row (``on_plateau``, PLATEAU_MARGIN) on every table. The cost table shows each evaluation's wall time and
+peak memory, for results that measured it (``eval`` of a Hugging Face model).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import pandas as pd
+
+from posenc_bench.analysis.seeds import mean
+
+CONTEXT_TITLES = {
+    "training": "Training (train loss, nats) and context use at 1x (test loss early vs late in the window), each the "
+                "mean over the row's seeds",
+    "cost": "Cost of each evaluation: wall time, and peak memory (records that measured it; = base: the row reuses "
+            "the base model's numbers there)",
+}
+# A model that uses its context predicts later positions of a window better than the first ones. At 1x, the
+# test loss over the second half of the window must be this many nats below the first position bucket's (the
+# bucket is the longest eval length / eval.position_buckets wide: positions 0-7 in the default run, 0-31 in
+# sotu-512), averaged over the row's seeds. The note names the positions, so "local" has its width.
+PLATEAU_MARGIN = 0.05
+PLATEAU_NOTE = ("uses only local context: at 1x its loss over positions {late} is not {margin:g} nats below its loss "
+                "over positions {early}, so its extrapolation numbers say little about the encoding")
+
+
+def _early_late(rec: dict) -> Optional[tuple[float, float]]:
+    """One record's loss in its first position bucket and over the second half of its window."""
+    by_pos = rec.get("loss_by_position") or []
+    late = [b for b in by_pos if b["start"] >= rec["eval_len"] // 2]
+    if rec["status"] != "ok" or not late:
+        return None
+    return by_pos[0]["loss"], sum(b["loss"] * b["tokens"] for b in late) / sum(b["tokens"] for b in late)
+
+
+def context_use(records: list[dict], row: str) -> Optional[tuple[float, float]]:
+    """(loss of the first position bucket, loss over the second half of the window) at 1x for ``row``, the
+    mean over its measured seeds: the measure of the training table. None without loss-by-position numbers."""
+    pairs = [p for r in records if r["encoding"] == row and r["eval_len"] == r["train_len"]
+             and (p := _early_late(r)) is not None]
+    if not pairs:
+        return None
+    return mean([p[0] for p in pairs]), mean([p[1] for p in pairs])
+
+
+def context_positions(records: list[dict], row: str) -> Optional[tuple[str, str]]:
+    """The positions ``context_use`` compares for ``row`` at 1x, as text: ("0-7", "64-127") in the default run."""
+    rec = next((r for r in records if r["encoding"] == row and r["eval_len"] == r["train_len"]
+                and _early_late(r) is not None), None)
+    if rec is None:
+        return None
+    first, L = rec["loss_by_position"][0], rec["eval_len"]
+    return f"{first['start']}-{first['end'] - 1}", f"{L // 2}-{L - 1}"
+
+
+def on_plateau(records: list[dict], row: str) -> bool:
+    """Whether ``row``'s model did not learn to use its context (see PLATEAU_MARGIN)."""
+    use = context_use(records, row)
+    return use is not None and use[0] - use[1] < PLATEAU_MARGIN
+
+
+def plateau_rows(records: list[dict]) -> list[str]:
+    """The rows of ``records`` whose model does not use its context (``on_plateau``)."""
+    return [row for row in dict.fromkeys(r["encoding"] for r in records) if on_plateau(records, row)]
+
+
+def plateau_note(records: list[dict], row: str) -> Optional[str]:
+    """The footnote of a row on the plateau, naming the positions compared; None for a row that uses context."""
+    if not on_plateau(records, row):
+        return None
+    early, late = context_positions(records, row)
+    return PLATEAU_NOTE.format(early=early, late=late, margin=PLATEAU_MARGIN)
+
+
+# ------------------------------------------------------------------------------------------ the tables
+
+
+def training_table(records: list[dict], row_order: list[str] | None = None) -> pd.DataFrame:
+    """Did each model learn to use context? Train loss along the run, and at 1x the loss of the first
+    positions of a window against its second half: a model stuck on the no-position plateau predicts from
+    a few local bytes, so its loss hardly falls with position. The mean over each row's seeds, which is what
+    the plateau flag reads (``on_plateau``)."""
+    rows = []
+    for enc in row_order or list(dict.fromkeys(r["encoding"] for r in records)):
+        recs = sorted((r for r in records if r["encoding"] == enc and r["eval_len"] == r["train_len"]),
+                      key=lambda x: x["seed"])
+        if not recs:
+            continue
+        row = {"encoding": enc}
+        curves = [dict(c[:2] for c in r["train_curve"]) for r in recs if r.get("train_curve")]
+        for frac in (0.25, 0.5, 1.0):
+            if curves:
+                last = max(curves[0])
+                step = min(curves[0], key=lambda s: abs(s - frac * last))
+                row[f"train loss @ step {step}"] = f"{mean([c[step] for c in curves if step in c]):.3f}"
+        if (use := context_use(records, enc)) is not None:
+            early, late = context_positions(records, enc)
+            row[f"1x loss, positions {early}"] = f"{use[0]:.3f}"
+            row[f"1x loss, positions {late}"] = f"{use[1]:.3f}"
+        else:
+            row["status"] = recs[0]["status"]
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("encoding") if rows else pd.DataFrame()
+
+
+def cost_table(records: list[dict], row_order: list[str] | None = None) -> pd.DataFrame:
+    """Wall time and peak memory of each (row, length) of seed 0, for runs whose records measured peak memory
+    (``eval`` of a Hugging Face model); empty otherwise."""
+    if not any(r.get("peak_memory_bytes") for r in records):
+        return pd.DataFrame()
+    rows = []
+    for enc in row_order or list(dict.fromkeys(r["encoding"] for r in records)):
+        recs = sorted((r for r in records if r["encoding"] == enc and r["seed"] == min(x["seed"] for x in records)),
+                      key=lambda r: r["eval_len"])
+        row = {"encoding": enc}
+        for r in recs:
+            col = f"{r['eval_len']:,}"
+            if r.get("same_as"):
+                row[col] = "= base"
+            elif r["status"] != "ok":
+                row[col] = r["status"]
+            else:
+                peak = r.get("peak_memory_bytes")
+                row[col] = f"{r['eval_time_s']:.0f} s" + (f", {peak / 2**30:.2f} GiB" if peak else "")
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("encoding") if rows else pd.DataFrame()
+
+
+CONTEXT_TABLES = {"training": training_table, "cost": cost_table}  # value -> the table, in CONTEXT_TITLES order

@@ -1,0 +1,232 @@
+"""The table model: results files become tables of cells, one value per table, with intervals and flags.
+
+One or several runs (``results.json`` each) become :class:`Table` s: rows are encoding rows, columns are (run,
+eval length), cells are :class:`Cell` s (mean over seeds, std, its interval, seeds, status, footnote, best in
+its column or tied with it). ``compare_table`` holds each row's ppl relative to a reference row with its
+paired interval. Numbers over seeds come from ``analysis/seeds.py``, intervals and significance from
+``analysis/intervals.py``; ``annotate`` adds the flags a reader needs beside the numbers (a row whose model
+does not use its context, few windows, text-only comparisons). Row order, column order and footnote numbering
+depend only on the results, so a regenerated table diffs cleanly. ``analysis/report.py`` renders them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+from posenc_bench.errors import PosencError
+from posenc_bench.bench.records import read_results
+from posenc_bench.analysis.context import plateau_note
+from posenc_bench.analysis.intervals import CI, MIN_SEEDS, MIN_WINDOWS, VALUES, Intervals
+from posenc_bench.analysis.seeds import RATIO, mean_std, over_seeds, with_ratio_to_1x
+
+TITLES = {
+    "ppl": "Perplexity (lower is better; columns: eval length as a multiple of the train length)",
+    "bpb": "Bits per byte (lower is better; columns: eval length as a multiple of the train length)",
+    "ratio": "Perplexity relative to the same model at the train length (1x)",
+}
+COMPARE_TITLE = "Perplexity relative to {ref} at the same length (paired); *: the interval excludes 1"
+TEXT_ONLY_NOTE = (f"text-only interval: a different trained model and fewer than {MIN_SEEDS} seeds, so another seed could "
+                  "move it by more than the text does; no significance claimed")
+
+
+class ReportError(PosencError):
+    pass
+
+
+def _fmt_ratio(r: float) -> str:
+    return f"{r:g}x" if r == int(r) else f"{r:.3g}x"
+
+
+@dataclass
+class Cell:
+    status: str = "missing"  # ok | n/a | diverged | missing (no record: the run did not have this row)
+    mean: float | None = None
+    std: float | None = None  # sample std over seeds (ddof 1); None with one seed
+    seeds_ok: int = 0
+    seeds: int = 0
+    reason: str = ""  # of the first seed that is not ok
+    note: str = ""  # footnote mark, e.g. "[1]"
+    best: bool = False
+    lo: float | None = None  # the interval (analysis/intervals.py); None without per-unit numbers
+    hi: float | None = None
+    tied: bool = False  # with the best of its column: the interval of the ratio to it includes 1
+    significant: Optional[bool] = None  # best: better than every other row; other rows: differs from the best
+
+
+@dataclass
+class Column:
+    run: str  # run label ("" when the report has one run)
+    eval_len: int
+    train_len: int
+
+    def header(self) -> str:
+        text = f"{_fmt_ratio(self.eval_len / self.train_len)} ({self.eval_len})"
+        return f"{self.run}: {text}" if self.run else text
+
+
+@dataclass
+class Table:
+    value: str
+    title: str
+    rows: list[str]
+    columns: list[Column]
+    cells: dict[tuple[str, int], Cell] = field(default_factory=dict)  # (row, column index) -> Cell
+    digits: int = 2
+    row_notes: dict[str, str] = field(default_factory=dict)  # row -> footnote mark on its name (the plateau flag)
+    notes: list[str] = field(default_factory=list)  # footnote lines of the table as a whole
+
+
+# ----------------------------------------------------------------------------------------------- the runs
+
+
+@dataclass
+class Run:
+    label: str
+    path: str
+    data: dict
+
+
+def load_runs(paths: Sequence[str | Path]) -> list[Run]:
+    """Read each results folder or file; label runs by folder name (the full path where names repeat)."""
+    if not paths:
+        raise ReportError("give at least one results folder or results.json")
+    datas = [read_results(p) for p in paths]
+    names = [Path(p).name if Path(p).is_dir() else Path(p).parent.name for p in paths]
+    labels = names if len(set(names)) == len(names) else [str(p) for p in paths]
+    if len(paths) == 1:
+        labels = [""]
+    return [Run(label, str(p), d) for label, p, d in zip(labels, paths, datas)]
+
+
+def row_order(data: dict) -> list[str]:
+    """The rows of one results file: its run's declared order, then any other row its records hold."""
+    return list(dict.fromkeys([*(data["run"].get("rows") or []), *(r["encoding"] for r in data["records"])]))
+
+
+def train_len(run: dict) -> int:
+    """A results file's train length (1x): the run's own, or its config's in older training runs."""
+    return run.get("train_len") or run["config"]["train"]["train_len"]
+
+
+def run_intervals(runs: Sequence[Run], ci: float = CI) -> dict[str, Intervals]:
+    """The bootstrap of each run (by label), once per report."""
+    return {run.label: Intervals(run.data["records"], ci=ci) for run in runs}
+
+
+# ----------------------------------------------------------------------------------------------- the tables
+
+
+def _summarize(group: list[dict], value: str) -> Cell:
+    seeds = over_seeds(group, value)
+    cell = Cell(seeds.status, seeds_ok=len(seeds.values), seeds=seeds.seeds, reason=seeds.reason)
+    if seeds.values:
+        cell.mean, cell.std = mean_std(seeds.values)
+    return cell
+
+
+def build_table(runs: Sequence[Run], value: str, *, digits: int = 2, mark_best: bool = True,
+                notes: dict[str, str] | None = None, intervals: Optional[dict[str, Intervals]] = None) -> Table:
+    """One value ('ppl' | 'bpb' | 'ratio') for every row of every run. ``notes`` (reason -> mark) is shared
+    between the tables of one report, so a reason has the same footnote number everywhere. ``intervals`` (run
+    label -> Intervals) adds each cell's interval and decides bold and ties by significance."""
+    if value not in VALUES:
+        raise ReportError(f"unknown table value {value!r}; valid: {', '.join(VALUES)}")
+    notes = {} if notes is None else notes
+    intervals = intervals or {}
+    key = RATIO if value == "ratio" else value
+    rows = list(dict.fromkeys(r for run in runs for r in row_order(run.data)))
+    columns: list[Column] = []
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for run in runs:
+        records = with_ratio_to_1x(run.data["records"]) if value == "ratio" else run.data["records"]
+        for L, T in sorted({(rec["eval_len"], rec["train_len"]) for rec in records}):
+            columns.append(Column(run.label, L, T))
+            for rec in records:
+                if rec["eval_len"] == L and rec["train_len"] == T:
+                    groups.setdefault((rec["encoding"], len(columns) - 1), []).append(rec)
+    rows = [r for r in rows if any((r, j) in groups for j in range(len(columns)))]
+    table = Table(value, TITLES[value], rows, columns, digits=digits)
+    for row in rows:  # reading order, so footnotes number left to right, top to bottom
+        for j in range(len(columns)):
+            group = groups.get((row, j))
+            cell = _summarize(group, key) if group else Cell()
+            if cell.reason:
+                cell.note = notes.setdefault(cell.reason, f"[{len(notes) + 1}]")
+            iv = intervals.get(columns[j].run)
+            if cell.status == "ok" and iv is not None and (i := iv.interval(value, row, columns[j].eval_len)):
+                cell.lo, cell.hi = i.lo, i.hi
+            table.cells[row, j] = cell
+    if mark_best:
+        _mark_best(table, intervals)
+    return table
+
+
+def _mark_best(table: Table, intervals: dict[str, Intervals]) -> None:
+    """In each column, the lowest mean. With intervals it is bold only when it is significantly better than
+    every other row (the paired interval of each row's ratio to it excludes 1), and rows whose interval
+    includes 1 are marked tied; a text-only comparison (different models, too few seeds) is neither. Without
+    intervals (older results) the lowest mean at the printed precision is bold. Never in a ratio table's 1x
+    column (all 1.00 by definition), nor in a column with fewer than two numbers."""
+    for j, col in enumerate(table.columns):
+        if table.value == "ratio" and col.eval_len == col.train_len:
+            continue
+        shown = {row: c.mean for row in table.rows if (c := table.cells[row, j]).status == "ok" and c.mean is not None}
+        if len(shown) < 2:
+            continue
+        iv = intervals.get(col.run)
+        if iv is None or not iv.available:
+            best = min(round(v, table.digits) for v in shown.values())
+            for row, v in shown.items():
+                table.cells[row, j].best = round(v, table.digits) == best
+            continue
+        best = min(shown, key=shown.get)
+        verdicts = {}
+        for row in shown:
+            if row != best:
+                c = iv.compare(table.value, row, best, col.eval_len)
+                verdicts[row] = None if c is None else c.significant
+                table.cells[row, j].significant = verdicts[row]
+                table.cells[row, j].tied = verdicts[row] is False
+        top = table.cells[best, j]
+        top.significant = all(v is True for v in verdicts.values())
+        top.best = top.significant
+
+
+def compare_table(runs: Sequence[Run], ref: str, intervals: dict[str, Intervals], *, digits: int = 2) -> Table:
+    """ppl of every row relative to ``ref`` at the same length (seed means), with the paired interval."""
+    rows = list(dict.fromkeys(r for run in runs for r in row_order(run.data)))
+    if not any(ref == rec["encoding"] for run in runs for rec in run.data["records"]):
+        raise ReportError(f"--compare {ref!r}: no such row in the results; rows: {', '.join(rows)}")
+    columns = [Column(run.label, L, T) for run in runs
+               for L, T in sorted({(r["eval_len"], r["train_len"]) for r in run.data["records"]})]
+    table = Table("compare", COMPARE_TITLE.format(ref=ref), rows, columns, digits=digits)
+    for row in rows:
+        for j, col in enumerate(columns):
+            iv = intervals.get(col.run)
+            c = iv.compare("ppl", row, ref, col.eval_len) if iv is not None else None
+            if c is None:
+                table.cells[row, j] = Cell()
+                continue
+            table.cells[row, j] = Cell("ok", c.interval.value, lo=c.interval.lo, hi=c.interval.hi,
+                                       significant=c.significant,
+                                       note="†" if c.kind == "text-only" else "*" if c.significant else "")
+    table.rows = [r for r in rows if any(table.cells[r, j].status == "ok" for j in range(len(columns)))]
+    return table
+
+
+def annotate(table: Table, runs: Sequence[Run], intervals: dict[str, Intervals], notes: dict[str, str]) -> None:
+    """The flags a reader needs beside the numbers: rows whose model does not use its context (footnote on the
+    row), lengths with few independent windows, and text-only comparisons."""
+    for run in runs:
+        for row in table.rows:
+            if (note := plateau_note(run.data["records"], row)) is not None:
+                table.row_notes[row] = notes.setdefault(note, f"[{len(notes) + 1}]")
+    for j, col in enumerate(table.columns):
+        iv = intervals.get(col.run)
+        if iv is not None and iv.available and iv.windows(col.eval_len) < MIN_WINDOWS:
+            table.notes.append(f"{col.header()}: only {iv.windows(col.eval_len)} independent windows of "
+                               f"{col.eval_len} tokens; its intervals rest on few samples")
+    if any(c.note == "†" for c in table.cells.values()):
+        table.notes.append("† " + TEXT_ONLY_NOTE)

@@ -1,0 +1,179 @@
+"""The base class of every positional encoding: the hooks the model calls, the capability flags that choose its
+attention path, and the family names that group the rows in tables and figures.
+
+The model only ever calls these hooks (``positions``, ``embed``, ``rotate``, ``bias`` and the optional ones its
+capability flags announce) plus ``set_eval_length``; it never looks at an encoding's name. The attention plan
+(``model/attention.py``) reads the flags, never the class.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Optional
+
+import torch
+from torch import nn
+
+# The groups the rows fall into in tables and figures, each with what its members share: every encoding class
+# declares one of them (``Encoding.family``; ``registry.family`` reads and checks it).
+FAMILIES = (
+    "classic absolute",  # positions added to the token embeddings (Vaswani et al. 2017; GPT-2's learned table)
+    "relative bias",  # a bias on the attention logits read from the query-key distance (T5, ALiBi, KERPLE, FIRE)
+    "rotary",  # q and k rotated by their positions, trained so (RoPE and its trained variants: partial, xPos)
+    "rotary scaling (zero-shot)",  # the trained RoPE model, its frequencies rescaled at evaluation (PI, NTK, YaRN)
+    "rotary scaling (fine-tuned)",  # the same rescalings, fine-tuned at the longer length first
+    "rotary fix (zero-shot)",  # the trained RoPE model with per-pair positions at evaluation (ReRoPE, Self-Extend)
+    "attention sinks (zero-shot)",  # a trained model with a sliding window plus the first tokens (StreamingLLM)
+    "contextual",  # positions counted from the content itself (CoPE)
+    "randomized positions",  # a trained encoding that trains on sorted random positions (``+rand``)
+    "none",  # no position signal but the causal mask (NoPE)
+)
+
+# The std every weight matrix and embedding table of the model starts with (GPT-2's; model/transformer.py's
+# init, ``learned``'s table, and the scale ``sinusoidal`` puts its table at), shared by every encoding.
+INIT_STD = 0.02
+
+
+class Encoding(nn.Module):
+    """A positional encoding: hooks the model calls, all defaulting to "do nothing".
+
+    - ``positions(batch, length, device)``: the positions of a window: (T,) 0 .. T-1 by default; an encoding
+      may return (B, T) positions per sequence (``+rand`` does in training), then every hook gets those.
+    - ``embed(x, pos)``: x (B, T, C) token embeddings, pos (T,) or (B, T) positions -> (B, T, C).
+    - ``rotate(q, k, pos)``: q, k (B, H, T, D) -> rotated q, k.
+    - ``bias(q_pos, k_pos)``: additive attention logits (1 or B, H, Tq, Tk), or None.
+    - optionally ``bias_factors(q_pos, k_pos)``: the same bias as a low-rank product (see there).
+    - optionally ``attention_logits(q, k, q_pos, k_pos, mask, scale)`` (``has_attention_logits``): the whole
+      pre-softmax logits of one query chunk, for an encoding whose logits are not q . k plus a bias that reads
+      positions only (CoPE reads q . k itself; ReRoPE and Self-Extend combine two rotations by distance).
+    - optionally ``attention_parts(q, k, q_pos, k_pos)`` (``has_attention_parts``): those logits as a few
+      plain attentions over disjoint sets of pairs, which the model merges by log-sum-exp (faster, and no
+      (q, k) logits in memory).
+    - optionally ``attention_block(length)``: blockwise causal attention (each query sees its own block of
+      that many tokens and the previous one), or None.
+    - ``attention_sinks`` (a class attribute, not a hook): (S, W) when the first S tokens stay visible beside a
+      sliding window of W keys, with positions re-indexed within that cache (StreamingLLM); the model applies
+      it through the hooks above (rows ``<encoding>+sink<S>+sw<W>``: ``encodings/sinks.py``; ``model/sinks.py``).
+
+    Positions count from 0 at the first token of every window. Hooks that take (B, T) positions declare
+    ``batched_positions``; with the plain (T,) arange every encoding keeps its fast path.
+
+    The logits hook is the one extension point for attention that is not "q . k + bias(positions)": the model
+    runs it per query chunk (keys [ks, qe) of the chunk, ``mask`` the chunk's additive (1 or B, H or 1, q, k)
+    mask: -inf outside the causal/window/block set, plus ``bias`` where the encoding has one) and applies
+    softmax to what it returns, so memory stays bounded by the chunk size at any length. Encodings without it
+    stay on SDPA's kernels (the other paths of ``model/attention.py``).
+    """
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    # The group a row belongs to in tables and figures: one of FAMILIES, declared by every encoding class (a
+    # subclass inherits its base's unless it sets its own).
+    family: ClassVar[str] = ""
+    # The paper (or post) it comes from, short: authors, year, venue or arXiv id.
+    paper: ClassVar[str] = ""
+    # True for a trained encoding newer than the classic six (sinusoidal, learned, T5, RoPE, ALiBi, NoPE) that
+    # the length-generalisation literature compares today: figures draw these in a panel of their own.
+    newer: ClassVar[bool] = False
+    # An eval-only variant names the trained encoding whose checkpoint it reuses (e.g. rope-linear -> rope).
+    trained_as: ClassVar[Optional[str]] = None
+    # A fine-tuned variant (e.g. rope-linear-ft): the runner first continues training the trained_as checkpoint
+    # at the fine-tune length (config finetune), calling set_train_length(that length) before it and before eval.
+    finetuned: ClassVar[bool] = False
+    # True when bias() returns a tensor; the model then takes the masked SDPA path instead of the fused causal one,
+    # unless the encoding also implements bias_factors (then has_low_rank_bias is True).
+    has_bias: ClassVar[bool] = False
+    # True when bias_factors() returns factors: the model folds the bias into extra q/k channels and keeps
+    # SDPA's fused kernels and no (Tq, Tk) bias tensor is ever built.
+    has_low_rank_bias: ClassVar[bool] = False
+    # True when distance_bias() returns r (H, W + 1) with bias(i, j) = r[h, min(i - j, W)]: training then keeps
+    # SDPA's flash kernel and computes r's gradient on a band of W diagonals (model/distance_bias.py).
+    has_distance_bias: ClassVar[bool] = False
+    # True when attention_logits() computes a chunk's whole pre-softmax logits (the model then runs attention
+    # explicitly, chunk by chunk, instead of through SDPA).
+    has_attention_logits: ClassVar[bool] = False
+    # True when attention_parts() splits those logits into ordinary attentions over disjoint sets of pairs:
+    # the model then runs each through SDPA's kernel and merges them by log-sum-exp (no (q, k) logits).
+    has_attention_parts: ClassVar[bool] = False
+    # True when every position-reading hook accepts (B, T) positions (one row per sequence): the encodings
+    # ``+rand`` can wrap.
+    batched_positions: ClassVar[bool] = False
+    # True when positions enter through ``embed`` (added to the token embeddings): a key's position is then
+    # part of its hidden state in every layer, so attention cannot re-index it (no attention-sink rows).
+    positions_in_embedding: ClassVar[bool] = False
+    # (S, W): the first S tokens are always visible beside a sliding window of the last W keys (W None: the
+    # model's window), and a query past the first S + W tokens sees the sinks at the positions they have in
+    # that cache (StreamingLLM; model/sinks.py applies it). None: no sinks.
+    attention_sinks: ClassVar[Optional[tuple[int, Optional[int]]]] = None
+
+    def __init__(self, *, d_model: int, n_heads: int, train_len: int) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.n_heads = n_heads
+        self.head_dim = d_model // n_heads
+        self.train_len = train_len
+
+    def set_eval_length(self, length: int) -> None:
+        """Called before evaluating windows of ``length`` tokens; raise PositionOutOfRange if impossible."""
+
+    def set_train_length(self, length: int) -> None:
+        """Called before fine-tuning (and evaluating) a fine-tuned variant tuned at ``length`` tokens."""
+
+    @classmethod
+    def key_options(cls, train_len: int, options: dict) -> dict:
+        """Resolved options that determine the trained weights beyond the configured ones (e.g. ``+rand``'s
+        position range, a multiple of the train length by default): part of the cell key when not empty."""
+        return {}
+
+    def positions(self, batch: int, length: int, device: torch.device) -> torch.Tensor:
+        """The positions of a window of ``length`` tokens: (T,) 0 .. T-1, or (B, T) positions per sequence."""
+        return torch.arange(length, device=device)
+
+    def embed(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return q, k
+
+    def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> Optional[torch.Tensor]:
+        return None
+
+    def bias_factors(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """Optional: float64 factors qf (H, Tq, E), kf (H, Tk, E) with qf @ kf^T = bias(q_pos, k_pos)[0] + c,
+        where c may vary per query row (softmax ignores it). Keep the product small near the diagonal (e.g.
+        centre positions on the query chunk): the model adds it to float logits."""
+        return None
+
+    def distance_bias(self) -> Optional[torch.Tensor]:
+        """Optional: r (H, W + 1) such that bias(q_pos, k_pos) = r[h, min(i - j, W)] for every visible key."""
+        return None
+
+    def attention_logits(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
+                         mask: torch.Tensor, scale: float) -> torch.Tensor:
+        """Optional (``has_attention_logits``): the pre-softmax logits (B, H, q, k) of one query chunk, mask
+        included. q (B, H, q, D), k (B, H, k, D) are what ``rotate`` returned (an encoding that rotates per
+        pair, e.g. ReRoPE, returns them unrotated there and rotates here); positions as in ``bias``."""
+        return (q @ k.transpose(-1, -2)).float() * scale + mask
+
+    def attention_parts(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
+                        ) -> list[tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]]:
+        """Optional (``has_attention_parts``, with ``has_attention_logits``): the same attention as
+        ``attention_logits`` when its logits are, pair by pair, one of a few plain products q' . k': a list of
+        parts (q' (B, H, q, D), k' (B, H, n, D), first, pairs (q, n) bool): k' are keys [first, first + n) of
+        the chunk's, and ``pairs`` marks the pairs of this part; every visible pair belongs to one part. The
+        model runs each part with the chunk's mask as one attention and merges them exactly by their
+        log-sum-exp, never building the (q, k) logits (ReRoPE, Self-Extend: pairs within and beyond w)."""
+        raise NotImplementedError
+
+    def attention_block(self, length: int) -> Optional[int]:
+        """Optional: blockwise causal attention for windows of ``length`` tokens: queries in block
+        b = i // n see keys from block b - 1 on (n returned), or None (plain causal attention)."""
+        return None
+
+
+def consecutive_start(pos: torch.Tensor) -> Optional[int]:
+    """pos[0] when pos is start, start + 1, ... (what the model passes), else None: an encoding can then take
+    a slice of its tables instead of gathering rows (the same values, without the copy)."""
+    if pos.dim() != 1 or not pos.shape[0]:
+        return None
+    start = int(pos[0])
+    return start if torch.equal(pos, torch.arange(start, start + pos.shape[0], device=pos.device, dtype=pos.dtype)) else None

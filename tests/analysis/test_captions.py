@@ -1,0 +1,55 @@
+"""Captions say what was measured, with the commit and its dirty mark, and what kind of results a file holds."""
+
+import json
+from pathlib import Path
+
+from tests.analysis.fake_results import RECORDS, run_meta
+from posenc_bench.analysis.captions import caption, hf_caption, kind, kind_text, short_caption
+from posenc_bench.bench.config import RunConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def hf_run(**kw):
+    """The run of the committed eval of a pretrained Hugging Face model (results/smollm2)."""
+    return {**json.loads((ROOT / "results" / "smollm2" / "results.json").read_text())["run"], **kw}
+
+
+def test_caption_states_what_was_measured_and_keeps_the_dirty_mark():
+    run = {"config": RunConfig().to_dict(), "params": 821632, "corpus": {"source": "stdlib", "fingerprint": "abc"},
+           "eval_tokens": 66048, "eval_fingerprint": "def", "device": "cpu:x86_64 (2 threads)",
+           "versions": {"torch": "2.13.0+cpu"}, "git_commit": "0123456789abcdef0123-dirty"}
+    text = caption(run)
+    for fact in ("821,632 parameters", "4 layers, width 128, 4 heads", "400 steps x 32 x 128 tokens", "stdlib (abc)",
+                 "66,048 test tokens", "seeds 0", "cpu:x86_64", "torch 2.13.0+cpu", "commit 0123456789ab-dirty"):
+        assert fact in text, fact
+    assert short_caption(run).endswith("; cpu:x86_64 (2 threads); commit 0123456789ab-dirty")
+
+
+def test_caption_names_every_commit_when_rows_were_added_later():
+    recs = [dict(r, git_commit="a" * 40) for r in RECORDS[:4]] + [dict(r, git_commit="b" * 40 + "-dirty") for r in RECORDS[4:6]]
+    text = caption(run_meta(["rope", "learned"]), recs)
+    assert text.endswith(f"commits {'a' * 12} (rope); {'b' * 12}-dirty (learned).")
+    assert caption(run_meta(["rope"]), RECORDS[:4]).endswith("commit 0123456789ab.")  # records without commits
+    assert short_caption(run_meta(["rope", "learned"]), recs).endswith(f"commits {'a' * 12}, {'b' * 12}-dirty")
+
+
+def test_a_pretrained_models_caption_names_its_revision_and_keeps_the_dirty_mark():
+    run = hf_run(git_commit="fedcba9876543210fedc-dirty")
+    text = caption(run)
+    assert text == hf_caption(run) and text.startswith("Pretrained LlamaForCausalLM ")
+    for fact in ("SmolLM2-135M-Instruct.Q4_1.gguf (revision 0d2cd9a90e26aeea)", "134,515,008 parameters",
+                 "train length 8192 (max_position_embeddings)", "tokenizer TokenizersBackend (vocab 49,152"):
+        assert fact in text, fact
+    assert text.endswith("; commit fedcba987654-dirty.")
+    assert short_caption(run).endswith("; commit fedcba987654-dirty")
+    assert caption(hf_run()).endswith("; commit 2566c9a77051.")
+
+
+def test_the_kind_of_results_in_words():
+    checkpoint = {"kind": "eval", "model": {"kind": "checkpoint", "path": "results/default/checkpoints/rope-s0"}}
+    assert kind(run_meta(["rope"])) == ("run", None) and kind(hf_run()) == ("eval", "hf")
+    assert kind(checkpoint) == ("eval", "checkpoint")
+    assert kind_text(run_meta(["rope"])) == "a training run (posenc-bench run)"
+    assert kind_text(hf_run()) == "an eval of the Hugging Face model SmolLM2-135M-Instruct.Q4_1 (posenc-bench eval)"
+    assert kind_text(checkpoint) == "an eval of the checkpoint results/default/checkpoints/rope-s0 (posenc-bench eval)"

@@ -1,0 +1,71 @@
+"""The context tables: train loss along the run and context use at 1x (the plateau flag reads the same mean
+over seeds), and the cost of each evaluation where it was measured."""
+
+from tests.analysis.fake_results import rec, results
+from posenc_bench.analysis.context import (context_positions, context_use, cost_table, on_plateau, plateau_note,
+                                           plateau_rows, training_table)
+from posenc_bench.analysis.report import render
+from posenc_bench.analysis.tables import Run
+
+
+def positions(r, early, late):
+    r["loss_by_position"] = [{"start": 0, "end": 8, "loss": early, "tokens": 5},
+                             {"start": 50, "end": 100, "loss": late, "tokens": 5}]
+    return r
+
+
+def test_training_table_reads_curves_and_positions():
+    r = rec("rope", 0, 100, 4.0)
+    r["train_curve"] = [[10, 3.0], [20, 2.5], [30, 2.2], [40, 2.0]]
+    r["loss_by_position"] = [{"start": 0, "end": 10, "loss": 2.0, "tokens": 5},
+                             {"start": 50, "end": 60, "loss": 1.0, "tokens": 5},
+                             {"start": 60, "end": 100, "loss": 1.5, "tokens": 5}]
+    t = training_table([r])
+    assert t.loc["rope", "train loss @ step 40"] == "2.000"
+    assert t.loc["rope", "1x loss, positions 0-9"] == "2.000"
+    assert t.loc["rope", "1x loss, positions 50-99"] == "1.250"
+    assert context_use([r], "rope") == (2.0, 1.25) and context_positions([r], "rope") == ("0-9", "50-99")
+
+
+def test_training_table_is_the_mean_over_seeds_that_the_plateau_flag_reads():
+    recs = []
+    for seed, (curve_end, early, late) in enumerate([(2.0, 2.00, 1.97), (1.0, 2.20, 2.11)]):
+        r = positions(rec("learned", seed, 100, 4.0), early, late)
+        r["train_curve"] = [[20, 3.0], [40, curve_end]]
+        recs.append(r)
+    t = training_table(recs)
+    assert t.loc["learned", "train loss @ step 40"] == "1.500"
+    assert t.loc["learned", "1x loss, positions 0-7"] == "2.100"  # seed 0 alone: 2.000
+    assert t.loc["learned", "1x loss, positions 50-99"] == "2.040"
+    # the mean gains 0.06 nats: not flagged, though seed 0 alone (0.03) would be
+    assert not on_plateau(recs, "learned") and on_plateau(recs[:1], "learned")
+    flagged = render([Run("", "", results(["learned"], recs[:1]))], values=["ppl"])
+    assert "| learned [1] |" in flagged and (
+        "[1] uses only local context: at 1x its loss over positions 50-99 is not 0.05 nats below its loss over "
+        "positions 0-7, so its extrapolation numbers say little about the encoding") in flagged
+    assert "[1]" not in render([Run("", "", results(["learned"], recs))], values=["ppl"])
+
+
+def test_plateau_rows_and_their_note():
+    recs = [positions(rec("nope", 0, 100, 9.0), 2.2, 2.19), positions(rec("rope", 0, 100, 4.0), 2.0, 1.6),
+            rec("alibi", 0, 100, 5.0)]  # alibi: no loss by position, nothing to judge by
+    assert plateau_rows(recs) == ["nope"]
+    assert plateau_note(recs, "rope") is None and plateau_note(recs, "alibi") is None
+    assert plateau_note(recs, "nope").startswith("uses only local context: at 1x its loss over positions 50-99")
+    assert training_table([rec("bad", 0, 100, None, "diverged")]).loc["bad", "status"] == "diverged"
+
+
+def test_cost_table_shows_time_and_peak_memory_only_where_measured():
+    from posenc_bench.analysis.report import DEFAULT_VALUES
+    from posenc_bench.commands.cli import build_parser
+
+    base = {"seed": 0, "train_len": 8, "status": "ok", "eval_time_s": 12.4}
+    recs = [{**base, "encoding": "m", "eval_len": 8, "peak_memory_bytes": 3 << 29},
+            {**base, "encoding": "m", "eval_len": 16, "peak_memory_bytes": 1 << 31, "eval_time_s": 40.0},
+            {**base, "encoding": "m+x", "eval_len": 8, "same_as": "m"},
+            {**base, "encoding": "m+x", "eval_len": 16, "status": "n/a"}]
+    table = cost_table(recs)
+    assert table.loc["m", "8"] == "12 s, 1.50 GiB" and table.loc["m", "16"] == "40 s, 2.00 GiB"
+    assert table.loc["m+x", "8"] == "= base" and table.loc["m+x", "16"] == "n/a"
+    assert cost_table([{k: v for k, v in r.items() if k != "peak_memory_bytes"} for r in recs]).empty
+    assert build_parser().parse_args(["report", "x"]).value == ",".join(DEFAULT_VALUES)

@@ -1,0 +1,186 @@
+"""`posenc-bench eval` (bench/pretrained.py): pretrained Hugging Face models and our own checkpoints through the
+same protocol: the results schema, reruns and refusals, rows a model cannot give (n/a), zero-shot fixes that
+reuse the model's numbers, long documents, and bad input as one line."""
+
+import json
+import math
+
+import pytest
+
+from posenc_bench.commands.cli import main
+from posenc_bench.hf import rope as hf_rope
+
+from tests.hf.hf_tiny import save_gpt2, save_llama
+
+EVAL = ["--eval-tokens", "384", "--progress", "off"]
+
+
+@pytest.fixture
+def model(hf_model):
+    """The session's tiny Llama (tests/conftest.py), under the name these tests use."""
+    return hf_model
+
+
+def test_results_have_the_run_schema_and_report_reads_them(llama_eval):
+    from posenc_bench.analysis.report import results_markdown
+
+    data, out = llama_eval
+    rows = ["hf:tiny-llama"] + [f"hf:tiny-llama+{s}" for s in hf_rope.SCALINGS]
+    assert data["run"]["rows"] == rows
+    assert {(r["encoding"], r["eval_len"]) for r in data["records"]} == {(r, L) for r in rows for L in (32, 48, 128)}
+    required = {"encoding", "seed", "train_len", "eval_len", "ratio", "status", "reason", "ppl", "bpb", "loss",
+                "tokens", "bytes", "loss_by_position", "eval_time_s", "eval_fingerprint", "corpus_fingerprint",
+                "versions", "device", "git_commit", "rope_parameters"}
+    assert all(required <= set(r) and r["status"] == "ok" for r in data["records"])
+    assert len({r["tokens"] for r in data["records"]}) == 1  # the same targets at every length and row
+    m = data["run"]["model"]
+    assert m["class"] == "LlamaForCausalLM" and m["files_sha256"] and m["dtype"] == "float32" and m["chunked_head"]
+    assert data["run"]["versions"]["transformers"] and data["run"]["git_commit"]
+    ppl = {(r["encoding"], r["eval_len"]): r["ppl"] for r in data["records"]}
+    for s in hf_rope.SCALINGS:  # factor 1 at the train length: every scaling is the unscaled model
+        assert ppl[(f"hf:tiny-llama+{s}", 32)] == pytest.approx(ppl[("hf:tiny-llama", 32)], rel=1e-6)
+        assert ppl[(f"hf:tiny-llama+{s}", 128)] != pytest.approx(ppl[("hf:tiny-llama", 128)], rel=1e-4)
+    reused = {r["encoding"] for r in data["records"] if r.get("same_as")}
+    assert {"hf:tiny-llama+linear", "hf:tiny-llama+dynamic"} <= reused  # bit-identical frequencies at 1x
+    assert all(r["eval_len"] == 32 for r in data["records"] if r.get("same_as"))
+    params = {r["encoding"]: r["rope_parameters"] for r in data["records"] if r["eval_len"] == 128}
+    assert params["hf:tiny-llama"] is None
+    assert params["hf:tiny-llama+yarn"] == {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                            "original_max_position_embeddings": 32}
+    table = (out / "table.md").read_text()
+    assert "| hf:tiny-llama+llama3  |" in table and "Pretrained LlamaForCausalLM" in table
+    assert table == results_markdown(data)
+
+
+def test_rerun_skips_finished_rows_and_refuses_another_model(llama_eval, llama_dir, tokenizer, tmp_path, capsys):
+    data, out = llama_eval
+    before = (out / "results.json").read_text()
+    assert main(["eval", "--model", f"hf:{llama_dir}", "--eval-lens", "1,1.5,4x", "--rope-scaling", "linear",
+                 "--out", str(out), *EVAL]) == 0
+    assert capsys.readouterr().out.count("done before, skipped") == 2
+    after = json.loads((out / "results.json").read_text())
+    assert after["records"] == json.loads(before)["records"]  # nothing redone, no row lost
+    assert after["run"]["rows"] == data["run"]["rows"]
+    mid = (out / "results.json").read_text()
+    other = save_llama(tmp_path / "other-llama", tokenizer, seed=1)
+    assert main(["eval", "--model", f"hf:{other}", "--eval-lens", "1,1.5,4x", "--out", str(out), *EVAL]) == 2
+    assert "use another --out, or --fresh" in capsys.readouterr().err
+    assert (out / "results.json").read_text() == mid  # refused before writing anything
+
+
+def test_gpt2_gets_na_for_scalings_and_past_its_table(tokenizer, tmp_path):
+    d = save_gpt2(tmp_path / "tiny-gpt2", tokenizer, max_positions=32)
+    out = tmp_path / "out"
+    assert main(["eval", "--model", f"hf:{d}", "--eval-lens", "1,2x", "--rope-scaling", "linear,yarn",
+                 "--out", str(out), *EVAL]) == 0
+    recs = {(r["encoding"], r["eval_len"]): r for r in json.loads((out / "results.json").read_text())["records"]}
+    assert recs[("hf:tiny-gpt2", 32)]["status"] == "ok" and recs[("hf:tiny-gpt2", 32)]["ppl"] > 1
+    assert recs[("hf:tiny-gpt2", 64)]["status"] == "n/a"
+    assert "absolute position table of 32 positions" in recs[("hf:tiny-gpt2", 64)]["reason"]
+    for s in ("linear", "yarn"):
+        for L in (32, 64):
+            r = recs[(f"hf:tiny-gpt2+{s}", L)]
+            assert r["status"] == "n/a" and "no rotary position embedding" in r["reason"] and r["ppl"] is None
+    assert "n/a [1]" in (out / "table.md").read_text()
+
+
+def test_own_checkpoint_gives_the_numbers_run_wrote(tmp_path):
+    run_out = tmp_path / "run"
+    micro = ["--config", "configs/ci.yaml", "--seeds", "1", "--train-len", "32", "--steps", "8", "--eval-tokens", "1024",
+             "--progress", "off"]
+    assert main(["run", *micro, "--encodings", "rope", "--eval-lens", "1,2x", "--out", str(run_out)]) == 0
+    ran = json.loads((run_out / "results.json").read_text())["records"]
+    out = tmp_path / "eval"
+    assert main(["eval", "--model", str(run_out / "checkpoints" / "rope-seed0"), "--rope-scaling",
+                 "linear,yarn,rerope,selfextend,sink2+sw30", "--out", str(out), "--progress", "off"]) == 0
+    got = json.loads((out / "results.json").read_text())["records"]
+    by_row = {}
+    for r in got:
+        by_row.setdefault(r["encoding"], {})[r["eval_len"]] = r
+    assert set(by_row) == {"rope", "rope-linear", "rope-yarn", "rope-rerope", "rope-selfextend", "rope+sink2+sw30"}
+    # the zero-shot fixes: plain rope where they change nothing (Self-Extend and sinks at 1x), their own rule past it
+    for row in ("rope-selfextend", "rope+sink2+sw30"):
+        assert by_row[row][32]["ppl"] == by_row["rope"][32]["ppl"] and by_row[row][64]["ppl"] != by_row["rope"][64]["ppl"]
+    assert by_row["rope-rerope"][32]["ppl"] != by_row["rope"][32]["ppl"]  # w = 16 < 32: clipped at 1x already
+    for r in ran:
+        mine = by_row["rope"][r["eval_len"]]
+        assert (mine["ppl"], mine["bpb"], mine["tokens"], mine["eval_fingerprint"]) == (
+            r["ppl"], r["bpb"], r["tokens"], r["eval_fingerprint"])
+    assert by_row["rope-linear"][32]["ppl"] == by_row["rope"][32]["ppl"]  # the registered rope-linear variant
+    yarn = by_row["rope-yarn"]  # the registered rope-yarn variant: plain rope at 1x, scaled at 2x
+    assert yarn[32]["ppl"] == by_row["rope"][32]["ppl"] and yarn[64]["ppl"] != by_row["rope"][64]["ppl"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "hf:/no/such/folder"], "is not a folder"),
+    (["--model", "results/nothing-here"], "expected hf:"),
+    (["--model", "hf:x.gguf"], "no GGUF file"),
+    (["--model", "hf:{llama}", "--rope-scaling", "yarn,sink4"], "--rope-scaling sink4: a Hugging Face model was trained without"),
+    (["--model", "hf:{llama}", "--unit", "200"], "--unit 200: the resampling unit is 1 .. the longest eval length 128"),
+    (["--model", "hf:{llama}", "--rope-scaling", "bogus"], "valid: linear, dynamic, yarn, llama3, ntk, rerope, leaky, selfextend, sink<S>+sw<W>"),
+    (["--model", "hf:{llama}", "--precision", "fp8"], "valid: fp32, bf16, fp16"),
+    (["--model", "hf:{llama}", "--doc-sep", "<nope>"], "is not a token of this tokenizer"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, message, llama_dir, tmp_path, capsys):
+    argv = [a.replace("{llama}", str(llama_dir)) for a in argv]
+    assert main(["eval", *argv, "--out", str(tmp_path / "o"), *EVAL]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("posenc-bench eval: error:") and message in err and "\n" not in err
+    assert not (tmp_path / "o" / "results.json").exists()
+
+
+def test_a_pretrained_row_is_on_disk_before_its_summary_line_is_printed(llama_dir, tmp_path, monkeypatch):
+    """As for `run`: a long eval stopped right after a row's line is logged keeps that row."""
+    from posenc_bench.bench import pretrained
+
+    out, seen = tmp_path / "out", []
+
+    def summary(row, records):
+        saved = json.loads((out / "results.json").read_text())["records"]
+        seen.append((row, sum(r["encoding"] == row for r in saved)))
+        return f"  {row}"
+
+    monkeypatch.setattr(pretrained, "summary_line", summary)
+    assert main(["eval", "--model", f"hf:{llama_dir}", "--eval-lens", "1,2x", "--rope-scaling", "linear",
+                 "--out", str(out), *EVAL]) == 0
+    assert [n for _, n in seen] == [2, 2] and seen[1][0].endswith("+linear")
+
+
+def test_eval_rows_of_fixes_reuse_the_model_where_they_are_the_identity(model, tmp_path):
+    out = tmp_path / "o"
+    assert main(["eval", "--model", f"hf:{model.spec.ref}", "--eval-lens", "1,2x", "--eval-tokens", "128",
+                 "--rope-scaling", "selfextend,rerope,sink4+sw28", "--out", str(out), "--progress", "off"]) == 0
+    recs = {(r["encoding"].split("+", 1)[-1], r["eval_len"]): r for r in json.loads((out / "results.json").read_text())["records"]}
+    base = {L: recs[(r, L)] for (r, L) in recs if r.startswith("hf:")}
+    assert recs[("selfextend", 32)]["same_as"] and recs[("selfextend", 32)]["ppl"] == base[32]["ppl"]
+    assert recs[("sink4+sw28", 32)]["same_as"]
+    assert not recs[("rerope", 32)].get("same_as")  # active from w = 16 on
+    for key in (("selfextend", 64), ("rerope", 64), ("sink4+sw28", 64)):
+        rec = recs[key]
+        assert not rec.get("same_as") and rec["ppl"] != base[64]["ppl"] and math.isfinite(rec["ppl"])
+        assert rec["rerouted"]["encoding"] in ("rope-selfextend", "rope-rerope", "rope+sink4+sw28")
+    assert recs[("selfextend", 64)]["rerouted"]["group"] == 3  # the smallest G with G (32 - 8) + 8 >= 64
+    assert base[64]["peak_memory_bytes"] > 0 and base[64]["peak_memory_kind"] == "process peak RSS"
+    assert base[64]["documents_per_window"] >= 1.0
+
+
+def test_long_docs_keep_only_documents_longer_than_a_segment(model, tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for i, words in enumerate((20, 150, 30, 200)):  # 51, 431, 81, 575 tokens with the separator
+        (folder / f"d{i}.txt").write_text(" ".join(f"w{k % 97}" for k in range(words)))
+    out = tmp_path / "o"
+    assert main(["eval", "--model", f"hf:{model.spec.ref}", "--data", str(folder / "*.txt"), "--split", "all",
+                 "--long-docs", "--eval-lens", "1,8x", "--eval-tokens", "768", "--out", str(out), "--progress", "off"]) == 0
+    res = json.loads((out / "results.json").read_text())
+    # segments of 256 tokens: one from the 431-token document, two from the 575-token one, none from the others
+    assert res["run"]["config"]["eval"]["long_docs"] and res["run"]["eval_documents"] == 2
+    assert {r["documents_per_window"] for r in res["records"]} == {1.0}
+
+
+def test_long_docs_without_a_long_enough_document_is_one_line_and_exit_2(model, tmp_path, capsys):
+    (tmp_path / "short.txt").write_text("a few words only")
+    assert main(["eval", "--model", f"hf:{model.spec.ref}", "--data", str(tmp_path / "*.txt"), "--split", "all",
+                 "--long-docs", "--eval-tokens", "64", "--out", str(tmp_path / "o"), "--progress", "off"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "has 385 tokens (--long-docs" in err and "--split all" not in err and "\n" not in err

@@ -1,0 +1,75 @@
+"""A row is parsed once from its name, and knows what it evaluates: encoding, window, sinks, its trained model."""
+
+import pytest
+
+from posenc_bench.bench.rows import Row, select_rows, variant_name
+from posenc_bench.errors import ConfigError, UnknownEncodingError
+
+
+@pytest.mark.parametrize("name,encoding,window", [
+    ("rope", "rope", None),
+    ("rope+sw64", "rope", 64),
+    ("rope+rand", "rope+rand", None),  # a '+' inside a registered name
+    ("rope+rand+sw64", "rope+rand", 64),
+    ("learned+rand+sw8", "learned+rand", 8),
+    ("rope-linear+sw16", "rope-linear", 16),
+    ("rope+sink4+sw64", "rope+sink4+sw64", None),  # sinks zero-shot on the model trained without a window
+    ("rope+sw64+sink4", "rope+sink4", 64),  # sinks added to the model trained with that window
+    ("rope+sink4", "rope+sink4", None),  # the trained window comes from the config (RunConfig.rows)
+    ("xpos+bca", "xpos+bca", None),
+])
+def test_a_name_parses_into_encoding_and_window_and_back(name, encoding, window):
+    row = Row.parse(name)
+    assert (row.encoding, row.window) == (encoding, window)
+    assert row.name == str(row) == name
+    assert Row.parse(row.name) is row  # parsed once: the same value again
+
+
+def test_what_a_row_evaluates():
+    rope, yarn, ft = Row.parse("rope+sw64"), Row.parse("rope-yarn+sw64"), Row.parse("rope-linear-ft")
+    assert not rope.eval_only and not rope.finetuned and rope.trained == rope == rope.model
+    assert yarn.eval_only and yarn.trained == rope and yarn.model == rope
+    assert ft.finetuned and not ft.eval_only and ft.trained == Row("rope") and ft.model == ft  # its own checkpoint
+    sinks = Row.parse("rope+sw64+sink4")
+    assert sinks.sinks == (4, None) and sinks.eval_only and sinks.model == rope
+    assert Row.parse("rope+sink4+sw60").sinks == (4, 60) and Row.parse("rope+sink4+sw60").trained == Row("rope")
+    assert Row.parse("xpos+bca").trained == Row("xpos") and Row.parse("alibi").sinks is None
+
+
+@pytest.mark.parametrize("bad,error,match", [
+    ("rope+w64", ConfigError, r"bad encoding row 'rope\+w64': expected <encoding>, <encoding>\+sw<W>"),
+    ("rope+sw0", ConfigError, "bad encoding row"),
+    ("rope+bca", ConfigError, "bad encoding row 'rope\\+bca'"),  # a known encoding, an unknown suffix
+    ("rope+swx", ConfigError, "bad encoding row"),
+    ("ropey+sw4", UnknownEncodingError, "unknown encoding 'ropey'; valid encodings: sinusoidal, learned"),
+    ("rotary", UnknownEncodingError, "valid encodings"),
+    ("learned+sink4+sw60", ConfigError, "attention sinks cannot wrap 'learned'"),
+])
+def test_bad_names_are_refused_with_the_grammar_or_the_valid_encodings(bad, error, match):
+    with pytest.raises(error, match=match):
+        Row.parse(bad)
+
+
+def test_zero_shot_variants_of_a_trained_row():
+    rope = Row.parse("rope+sw64")
+    assert rope.variant("yarn") == Row("rope-yarn", 64) and rope.variant("rerope").name == "rope-rerope+sw64"
+    assert Row("rope").variant("sink4+sw124") == Row("rope+sink4+sw124")
+    assert variant_name("alibi", "yarn") == "alibi-yarn" and variant_name("rope", "sink4+sw60") == "rope+sink4+sw60"
+    with pytest.raises(ConfigError, match="no registered encoding 'alibi-yarn' evaluates the trained 'alibi' model"):
+        Row("alibi").variant("yarn")
+    with pytest.raises(ConfigError, match="'rope-linear-ft' evaluates"):  # fine-tuned rows are not zero-shot
+        Row("rope").variant("linear-ft")
+
+
+def test_select_rows_replaces_removes_and_lists_the_valid_names():
+    base = ["sinusoidal", "rope", "alibi", "nope"]
+    assert select_rows("rope,alibi", base) == ["rope", "alibi"]
+    assert select_rows("-sinusoidal,-nope", base) == ["rope", "alibi"]
+    assert select_rows("rope+sw16,-rope", base) == []  # '-rope' takes its windowed rows too
+    assert "rope-yarn" in select_rows("all", base)
+    every = ["rope", "rope+sw16", "hf:smollm2"]
+    assert select_rows("-rope", every, every) == ["hf:smollm2"]
+    with pytest.raises(ConfigError, match="row 'alibi' is not in the results; rows: rope, rope"):
+        select_rows("alibi", every, every)
+    with pytest.raises(UnknownEncodingError):
+        select_rows("rotary", base)

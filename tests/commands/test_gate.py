@@ -1,0 +1,26 @@
+"""`posenc-bench gate`'s flags: tolerances from flags and --set reach the comparison, and --config/--current
+exclude each other (the comparison itself is tested in tests/analysis/test_gate.py)."""
+
+import json
+
+from posenc_bench.commands.cli import main
+
+BASELINE = "results/baseline-ci.json"
+
+
+def test_the_committed_baseline_passes_against_itself_with_the_flags_tolerances(tmp_path, capsys):
+    assert main(["gate", "--current", BASELINE, "--baseline", BASELINE, "--out", str(tmp_path), "--ppl-tol", "0.5",
+                 "--set", "gate.per_encoding={rope: {ratio_tol: 0.25}}"]) == 0
+    result = json.loads((tmp_path / "gate.json").read_text())
+    assert result["verdict"] == "pass" and result["tolerance"]["ppl_tol"] == 0.5
+    assert result["per_encoding"] == {"rope": {"ratio_tol": 0.25}}
+    assert all(c["verdict"] in ("ok", "n/a") for c in result["checks"])
+    assert "gate: PASS" in capsys.readouterr().out
+
+
+def test_config_and_current_exclude_each_other(tmp_path, capsys):
+    assert main(["gate", "--baseline", BASELINE, "--out", str(tmp_path)]) == 2
+    assert main(["gate", "--config", "ci", "--current", BASELINE, "--baseline", BASELINE]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["posenc-bench gate: error: give --config (run the sweep now) or --current (read a results.json), "
+                   "not both or neither"] * 2

@@ -1,0 +1,48 @@
+"""The base class: every hook defaults to doing nothing and every capability to off (so a new encoding changes
+only what it overrides), ``consecutive_start``, and the family names."""
+
+import pytest
+import torch
+
+from posenc_bench.encodings import FAMILIES, Encoding, consecutive_start
+
+CAPABILITIES = ("has_bias", "has_low_rank_bias", "has_distance_bias", "has_attention_logits", "has_attention_parts",
+                "batched_positions", "positions_in_embedding", "finetuned", "newer")
+
+
+def test_the_base_hooks_leave_the_model_as_it_is():
+    enc = Encoding(d_model=8, n_heads=2, train_len=16)
+    assert (enc.head_dim, enc.n_heads, enc.train_len) == (4, 2, 16)
+    pos = enc.positions(3, 5, torch.device("cpu"))
+    assert torch.equal(pos, torch.arange(5))  # (T,): every sequence at 0 .. T-1
+    g = torch.Generator().manual_seed(0)
+    x, q, k = torch.randn(3, 5, 8, generator=g), torch.randn(3, 2, 5, 4, generator=g), torch.randn(3, 2, 5, 4, generator=g)
+    assert enc.embed(x, pos) is x
+    rq, rk = enc.rotate(q, k, pos)
+    assert rq is q and rk is k
+    assert enc.bias(pos, pos) is None and enc.bias_factors(pos, pos) is None and enc.distance_bias() is None
+    assert enc.attention_block(64) is None and enc.key_options(16, {"theta": 1.0}) == {}
+    mask = torch.zeros(1, 1, 5, 5).masked_fill(torch.ones(5, 5, dtype=torch.bool).triu(1), float("-inf"))
+    torch.testing.assert_close(enc.attention_logits(q, k, pos, pos, mask, 0.5), (q @ k.transpose(-1, -2)) * 0.5 + mask)
+    with pytest.raises(NotImplementedError):
+        enc.attention_parts(q, k, pos, pos)
+
+
+def test_the_base_declares_no_capability_no_sinks_and_no_family():
+    assert not any(getattr(Encoding, flag) for flag in CAPABILITIES)
+    assert Encoding.attention_sinks is None and Encoding.trained_as is None
+    assert Encoding.family == "" and Encoding.family not in FAMILIES  # every class must declare its own
+
+
+@pytest.mark.parametrize("pos,start", [
+    (torch.arange(5), 0), (torch.arange(3, 9), 3), (torch.tensor([7]), 7),
+    (torch.tensor([0, 2, 3]), None), (torch.tensor([3, 2, 1]), None),
+    (torch.arange(6).view(2, 3), None),  # per-sequence positions: gathered
+    (torch.arange(0), None),
+])
+def test_consecutive_start_is_the_first_position_of_a_run_only(pos, start):
+    assert consecutive_start(pos) == start
+
+
+def test_the_family_names_are_distinct():
+    assert len(set(FAMILIES)) == len(FAMILIES) and all(f and f == f.strip() for f in FAMILIES)
