@@ -111,13 +111,13 @@ def model_record(run: dict, row: "Row", seed: int, eval_len: int, *, keys: dict,
     """The record of one of our models (``run`` and checkpoint ``eval``): the row, its keys (``Keys.cell``),
     the training figures and fine-tuning of its checkpoint ``meta``, its ``config`` (``RunConfig.to_dict``)
     with its protocol and stride; n/a or diverged fields are filled in by ``score``."""
-    outcome, cfg = meta.get("outcome") or {}, config
-    stride = cfg["eval"].get("stride") or 0
+    outcome, evaluation = meta.get("outcome") or {}, config["eval"]
+    stride = evaluation.get("stride") or 0
     rec = new_record(
         run, row.name, seed, eval_len, base_encoding=row.encoding, window=row.window,
         train_time_s=_rounded(outcome.get("time_s"), 2), train_tokens_per_s=_rounded(outcome.get("tokens_per_s"), 1),
-        train_final_loss=outcome.get("final_loss"), train_curve=outcome.get("curve"), **keys, config=cfg,
-        protocol=cfg["eval"].get("protocol", "nonoverlapping"), stride=min(stride, eval_len) if stride else None,
+        train_final_loss=outcome.get("final_loss"), train_curve=outcome.get("curve"), **keys, config=config,
+        protocol=evaluation.get("protocol", "nonoverlapping"), stride=min(stride, eval_len) if stride else None,
         **fields)
     if meta.get("finetune"):
         rec["finetune"] = {k: v for k, v in meta["finetune"].items() if k != "curve"}

@@ -87,14 +87,14 @@ class Row:
         """The zero-shot row ``suffix`` of this trained row: yarn -> rope-yarn, rerope -> rope-rerope,
         sink4+sw124 -> rope+sink4+sw124 (same window). ConfigError when no registered encoding of that name
         evaluates this row's trained model."""
-        name = variant_name(self.encoding, suffix)
+        row = Row(variant_name(self.encoding, suffix), self.window)
         try:
-            row = Row(encodings.get_class(name).name, self.window)
-        except ConfigError:
-            row = None
-        if row is None or row.trained != self or not row.eval_only:
+            known = row.trained == self and row.eval_only
+        except ConfigError:  # no encoding of that name
+            known = False
+        if not known:
             valid = encodings.variants(self.encoding)
-            raise ConfigError(f"no registered encoding {name!r} evaluates the trained {self.encoding!r} model; its "
+            raise ConfigError(f"no registered encoding {row.encoding!r} evaluates the trained {self.encoding!r} model; its "
                               f"zero-shot rows: {', '.join(valid) or '(none)'}, and {self.encoding}+sink<S>+sw<W>")
         return row
 

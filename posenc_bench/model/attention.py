@@ -116,10 +116,13 @@ class AttentionPlan:
         # token indices for causality and windows: the positions themselves when they are the plain (T,) ones
         self.index = pos if pos.dim() == 1 else torch.arange(T, device=pos.device)
         self.block = encoding.attention_block(T)
-        # r (H, W + 1) where the band kernel could train it, carrying the gradient; kept on that path only
-        r = encoding.distance_bias() if encoding.has_distance_bias and distance_bias.supported(pos) else None
-        self.path = choose_path(encoding, window=self.window, block=self.block, sinks=self.sinks,
-                                grad=torch.is_grad_enabled(), batched=pos.dim() == 2, length=T,
+        # r (H, W + 1) where the band kernel could train it (in training, on (T,) positions), carrying the
+        # gradient; not built at all in evaluation, and kept on that path only
+        grad, batched = torch.is_grad_enabled(), pos.dim() == 2
+        trainable = encoding.has_distance_bias and grad and not batched and distance_bias.supported(pos)
+        r = encoding.distance_bias() if trainable else None
+        self.path = choose_path(encoding, window=self.window, block=self.block, sinks=self.sinks, grad=grad,
+                                batched=batched, length=T,
                                 band=None if r is None else r.shape[1] - 1)
         self.distance_bias = r if self.path == "distance_bias" else None
         self.mask_bias = encoding.has_bias and self.path != "folded"  # the bias goes into the masks
