@@ -53,15 +53,21 @@ class Corpus:
 
     def stream(self, split: str) -> torch.Tensor:
         """All documents of ``split`` as one int16 token tensor: BOS, doc bytes, BOS, doc bytes, ..."""
+        return torch.cat([tokens for _, tokens in self.document_tokens(split)])
+
+    def document_tokens(self, split: str) -> list[tuple[str, torch.Tensor]]:
+        """(name, int16 tokens: BOS, then the document's bytes) of each document of ``split``, in its order: the
+        pieces ``stream`` joins."""
         docs = self.splits[split]
         if not docs:
             raise DataError(f"corpus {self.source!r} has no documents in its {split!r} split")
-        parts = []
-        for _, text in docs:
-            parts.append(torch.tensor([BOS], dtype=torch.int16))
+        out = []
+        for name, text in docs:
+            parts = [torch.tensor([BOS], dtype=torch.int16)]
             if text:  # an empty file is a document of no bytes (frombuffer refuses an empty buffer)
                 parts.append(torch.frombuffer(bytearray(text), dtype=torch.uint8).to(torch.int16))
-        return torch.cat(parts)
+            out.append((name, torch.cat(parts)))
+        return out
 
     def documents(self, split: str) -> list[tuple[str, bytes]]:
         """The documents of ``split``, or of every split for "all" (test, valid, train: a pretrained model was
@@ -245,6 +251,46 @@ def document_segments(docs: list[torch.Tensor], segment_len: int, n_targets: int
     raise DataError(f"{len(docs)} documents of at least {segment_len + 1} tokens hold {len(out)} segment(s) of "
                     f"{segment_len} tokens, {n_segments} needed for {n_targets} target tokens; lower the eval tokens "
                     "or use a corpus of longer documents")
+
+
+def spread(k: int, n: int) -> list[int]:
+    """k of the indices 0 .. n-1 (k <= n), spread evenly: the middle of each of k equal parts."""
+    return [(2 * j + 1) * n // (2 * k) for j in range(k)]
+
+
+def spread_segments(docs: list[tuple[str, torch.Tensor]], segment_len: int, n_targets: int
+                    ) -> tuple[torch.Tensor, list[str]]:
+    """(segments (n, segment_len + 1) long, the document of each segment): like ``eval_segments``, but every
+    segment lies inside one document, so every window of every length sees one document, and the segments are
+    spread over all the documents instead of taken from the first ones.
+
+    A document of T tokens offers its (T - 1) // segment_len non-overlapping slots (slot k: tokens
+    [k S, k S + S + 1)); documents shorter than one segment offer none (skipped). The segments are dealt out a
+    round at a time, one to every document with slots left (a last, partial round goes to documents spread
+    evenly over those), and each document's share is spread evenly over its slots. Segments come in the
+    documents' order, then their slots'.
+    """
+    n_segments = max(1, -(-n_targets // segment_len))
+    slots = [(tokens.numel() - 1) // segment_len for _, tokens in docs]
+    take = [0] * len(docs)
+    need = n_segments
+    while need:
+        open_ = [d for d, n in enumerate(slots) if take[d] < n]
+        if not open_:
+            skipped = sum(1 for n in slots if n == 0)
+            raise DataError(f"{len(docs) - skipped} document(s) of at least {segment_len + 1} tokens ({skipped} "
+                            f"shorter skipped) hold {sum(slots)} segment(s) of {segment_len} tokens, {n_segments} "
+                            f"needed for {n_targets} target tokens; lower eval.tokens or use eval.windows stream")
+        chosen = open_ if need >= len(open_) else [open_[i] for i in spread(need, len(open_))]
+        for d in chosen:
+            take[d] += 1
+        need -= len(chosen)
+    segments, names = [], []
+    for (name, tokens), k, n in zip(docs, take, slots):
+        for slot in spread(k, n) if k else []:
+            segments.append(tokens[slot * segment_len : slot * segment_len + segment_len + 1])
+            names.append(name)
+    return torch.stack(segments).long(), names
 
 
 def tokens_fingerprint(tokens: torch.Tensor) -> str:

@@ -147,6 +147,31 @@ def test_document_segments_never_cross_a_document():
         data.document_segments(docs, 10, 70)
 
 
+def test_spread_segments_never_cross_a_document_and_spread_over_all_of_them():
+    lengths = {"a": 5, "b": 41, "c": 9, "d": 31, "e": 21, "f": 10}  # with S = 10: slots 0, 4, 0, 3, 2, 0
+    docs = [(name, torch.arange(1000 * k, 1000 * k + n)) for k, (name, n) in enumerate(lengths.items())]
+    seg, names = data.spread_segments(docs, 10, 50)  # 5 segments: a round of 3 (b, d, e), then 2 of b, d, e
+    assert seg.shape == (5, 11) and len(names) == 5
+    assert names == ["b", "b", "d", "e", "e"]  # every long document (the partial round spread: b, e); none short
+    for row, name in zip(seg, names):
+        start = 1000 * list(lengths).index(name)
+        assert row[0] >= start and row[-1] < start + lengths[name]  # never across a document boundary
+        assert row.tolist() == list(range(int(row[0]), int(row[0]) + 11)) and (row[0] - start) % 10 == 0
+    assert [int(r[0]) % 1000 for r in seg] == [10, 30, 10, 0, 10]  # each document's share spread over its slots
+    whole, _ = data.spread_segments(docs, 10, 90)  # every slot
+    assert whole.shape[0] == 9 and len({tuple(r.tolist()) for r in whole}) == 9
+    with pytest.raises(data.DataError, match=r"3 document\(s\) .*\(3 shorter skipped\) hold 9 segment"):
+        data.spread_segments(docs, 10, 91)
+    assert data.spread(3, 9) == [1, 4, 7] and data.spread(4, 4) == [0, 1, 2, 3]
+
+
+def test_document_tokens_are_the_pieces_of_the_stream(stdlib):
+    pieces = stdlib.document_tokens("test")
+    assert [name for name, _ in pieces] == [name for name, _ in stdlib.splits["test"]]
+    assert all(t[0] == data.BOS and t.numel() == len(text) + 1 for (_, t), (_, text) in zip(pieces, stdlib.splits["test"]))
+    assert torch.equal(torch.cat([t for _, t in pieces]), stdlib.stream("test"))
+
+
 def test_corpus_documents_of_all_splits_and_a_bad_split():
     corpus = data.load_corpus("stdlib")
     everything = corpus.documents("all")

@@ -67,6 +67,9 @@ class EvalConfig:
     # targets, so each has at least L - stride tokens of context (see evaluate.windows)
     protocol: str = "nonoverlapping"
     stride: int = 0
+    # stream (default): segments cut from the split's documents end to end, so windows may cross documents;
+    # documents: every segment inside one document, spread over the split's documents (data.spread_segments)
+    windows: str = "stream"
 
 
 @dataclass
@@ -409,6 +412,8 @@ def validate(cfg: RunConfig) -> None:
     if (cfg.eval.protocol == "strided") != (cfg.eval.stride > 0) or cfg.eval.stride < 0:
         raise ConfigError(f"eval.stride {cfg.eval.stride}: the strided protocol needs a stride >= 1 token "
                           "(--protocol strided --stride 256), and only it takes one")
+    if cfg.eval.windows not in ("stream", "documents"):
+        raise ConfigError(f"eval.windows {cfg.eval.windows!r} is not a choice; valid: stream, documents")
     if cfg.eval.tokens < 1 or cfg.eval.batch_tokens < 1 or cfg.eval.position_buckets < 1:
         raise ConfigError("eval.tokens, eval.batch_tokens and eval.position_buckets must be >= 1")
     if not (0 <= cfg.data.valid_fraction and 0 < cfg.data.test_fraction and cfg.data.valid_fraction + cfg.data.test_fraction < 1):

@@ -1,8 +1,12 @@
 """The evaluation protocol: the same target tokens at every length; ppl, bits per byte, loss by position.
 
-1. Fixed segments of S + 1 tokens come from the held-out split (``data.eval_segments``); S is a common
-   multiple of all eval lengths (their least common multiple when that is at most 4x the longest length,
-   else the longest length, and then the last window of a shorter length is partial).
+1. Fixed segments of S + 1 tokens come from the held-out split; S is a common multiple of all eval lengths
+   (their least common multiple when that is at most 4x the longest length, else the longest length, and
+   then the last window of a shorter length is partial). ``eval.windows: stream`` (default) cuts them from the
+   split's documents joined end to end, from its start (``data.eval_segments``), so a window may span
+   documents; ``documents`` cuts each inside one document, spread over all of the split's documents of at
+   least S + 1 tokens (``data.spread_segments``), so no window at any length crosses a document boundary.
+   Either way the run records the documents scored and the targets of each (``EvalSet.meta``).
 2. For each eval length L, every segment is cut into consecutive non-overlapping windows: window w feeds
    tokens [wL, wL + L) and scores the next token at each place, i.e. targets [wL + 1, wL + L + 1).
 3. So each target of a segment (tokens 1..S) is scored exactly once at every length, and the first input
@@ -16,13 +20,16 @@
    each segment, numbered segment by segment. A unit is a set of target positions, so it is the same text at
    every length and for every row of a run; at the longest length it is exactly one window (its own context),
    at shorter lengths it holds several windows.
+6. Each window has a run-wide index, the position of its first input token in the flattened segments
+   (``window_ids``): our models' encodings hear it before each forward (``Encoding.set_eval_windows``), so an
+   encoding with random eval positions (``+rand``) draws them per window, whatever the batch size.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
@@ -116,7 +123,6 @@ class _Units:
                 "bytes": self.bytes.flatten().int().tolist()}
 
 
-@torch.inference_mode()
 def evaluate_length(
     forward: Optional[Callable[[torch.Tensor], torch.Tensor]],
     segments: torch.Tensor,
@@ -138,7 +144,32 @@ def evaluate_length(
     of window positions over [0, bucket_span) (default: length), each with its mean loss and token count) and
     units (see the module docstring: the unit size and, per unit, its NLL sum, targets and bytes).
     """
-    nll_fn = nll_fn or logits_nll(forward)
+    return score_windows(nll_fn or logits_nll(forward), segments, length, scoring, device=device,
+                         show_progress=show_progress, token_bytes=token_bytes)
+
+
+def window_ids(rows: slice, start: int, segment_tokens: int) -> torch.Tensor:
+    """(b,) int64: the run-wide index of the windows of segments ``rows`` whose first input token is column
+    ``start``: that token's index in the flattened segments, so it does not depend on the batch size, and a
+    window of the same text has the same index at every length."""
+    return torch.arange(rows.start, rows.stop, dtype=torch.int64) * segment_tokens + start
+
+
+@torch.inference_mode()
+def score_windows(
+    nll_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    segments: torch.Tensor,
+    length: int,
+    scoring: Scoring = Scoring(),
+    *,
+    device: torch.device | str = "cpu",
+    show_progress: Optional[bool] = False,
+    token_bytes: Optional[torch.Tensor] = None,
+    on_windows: Optional[Callable[[Optional[torch.Tensor]], None]] = None,
+) -> dict:
+    """``evaluate_length`` with the loss function given; ``on_windows(ids)`` (optional) is called before each
+    forward with the (b,) index of each window in it (``window_ids``), and with None when all are scored (our
+    models pass their encoding's ``set_eval_windows``: ``+rand`` seeds its eval positions by window)."""
     buckets, stride = scoring.buckets, scoring.stride
     span = scoring.bucket_span or length
     width = -(-span // buckets)
@@ -162,7 +193,13 @@ def evaluate_length(
             for i in range(0, inputs.shape[0], rows_per_batch):
                 x = inputs[i : i + rows_per_batch].to(device)
                 y = targets[i : i + rows_per_batch]
-                nll = nll_fn(x, y).double().cpu()[:, first:]  # (b, scored columns)
+                if on_windows is not None:  # the window starts at column scored - first of its segment
+                    on_windows(window_ids(slice(i, i + y.shape[0]), scored - first, segments.shape[1]))
+                try:
+                    nll = nll_fn(x, y).double().cpu()[:, first:]  # (b, scored columns)
+                finally:
+                    if on_windows is not None:
+                        on_windows(None)
                 y = y[:, first:]
                 nll_sum += nll.sum()
                 pos_sum.index_add_(0, bucket_of, nll.sum(0))
@@ -176,16 +213,19 @@ def evaluate_length(
     expected = segments.shape[0] * (segments.shape[1] - 1)
     if n_tokens != expected:  # the protocol's invariant: every target of every segment, once
         raise AssertionError(f"scored {n_tokens} targets at length {length}, expected {expected}")
+    return _result(nll_sum, n_tokens, n_bytes, _by_position(pos_sum, pos_count, width, span), units,
+                   time.perf_counter() - t0)
+
+
+def _by_position(pos_sum: torch.Tensor, pos_count: torch.Tensor, width: int, span: int) -> list[dict]:
+    """The loss-by-position buckets that hold targets: start, end, mean loss, targets."""
+    return [{"start": b * width, "end": min((b + 1) * width, span), "loss": float(pos_sum[b] / pos_count[b]),
+             "tokens": int(pos_count[b])} for b in range(pos_sum.shape[0]) if pos_count[b] > 0]
+
+
+def _result(nll_sum: torch.Tensor, n_tokens: int, n_bytes: int, by_pos: list[dict], units: _Units,
+            seconds: float) -> dict:
     loss = float(nll_sum) / n_tokens
-    by_pos = []
-    for b in range(buckets):
-        if pos_count[b] > 0:
-            by_pos.append({
-                "start": b * width,
-                "end": min((b + 1) * width, span),
-                "loss": float(pos_sum[b] / pos_count[b]),
-                "tokens": int(pos_count[b]),
-            })
     return {
         "loss": loss,
         "ppl": math.exp(loss),
@@ -194,7 +234,7 @@ def evaluate_length(
         "bytes": n_bytes,
         "loss_by_position": by_pos,
         "units": units.as_dict(),
-        "eval_time_s": time.perf_counter() - t0,
+        "eval_time_s": seconds,
     }
 
 
@@ -207,23 +247,50 @@ class EvalSet:
     segments: torch.Tensor  # (N, S + 1) int16 tokens; S a common multiple of the lengths (segment_length)
     lengths: list[int]
     scoring: Scoring
+    documents: dict = field(default_factory=dict)  # name -> targets it holds, of each document scored
+    skipped: Optional[int] = None  # eval.windows documents: the split's documents shorter than a segment
 
     @classmethod
     def for_run(cls, cfg, corpus) -> "EvalSet":
-        """``cfg``'s eval lengths, tokens, split and protocol on ``corpus`` (a ``data.Corpus``)."""
-        from posenc_bench.data import eval_segments
+        """``cfg``'s eval lengths, tokens, split, windows and protocol on ``corpus`` (a ``data.Corpus``)."""
+        from posenc_bench.data import eval_segments, spread_segments
 
         lengths = cfg.eval_lengths()
-        segments = eval_segments(corpus.stream(cfg.eval.split), segment_length(lengths), cfg.eval.tokens)
-        return cls(segments, lengths, Scoring(cfg.eval.batch_tokens, cfg.eval.position_buckets, max(lengths),
-                                              cfg.eval.stride or None, max(lengths)))
+        S = segment_length(lengths)
+        docs = corpus.document_tokens(cfg.eval.split)
+        scoring = Scoring(cfg.eval.batch_tokens, cfg.eval.position_buckets, max(lengths), cfg.eval.stride or None,
+                          max(lengths))
+        if cfg.eval.windows == "documents":
+            segments, names = spread_segments(docs, S, cfg.eval.tokens)
+            skipped = sum(1 for _, tokens in docs if tokens.numel() < S + 1)
+            return cls(segments, lengths, scoring, {n: S * names.count(n) for n in dict.fromkeys(names)}, skipped)
+        segments = eval_segments(torch.cat([tokens for _, tokens in docs]), S, cfg.eval.tokens)
+        return cls(segments, lengths, scoring, stream_documents(docs, segments.shape[0] * S))
+
+    def meta(self) -> dict:
+        """What the run's metadata records of the text: the documents scored (targets each), and how many the
+        document-bounded windows skipped."""
+        return {"eval_documents": self.documents,
+                **({"eval_documents_skipped": self.skipped} if self.skipped is not None else {})}
+
+
+def stream_documents(docs: list[tuple[str, torch.Tensor]], targets: int) -> dict:
+    """name -> targets of each document whose tokens are among targets 1 .. ``targets`` of the stream."""
+    out, start = {}, 0
+    for name, tokens in docs:
+        end = start + tokens.numel()
+        held = max(0, min(end, targets + 1) - max(start, 1))
+        if held:
+            out[name] = held
+        start = end
+    return out
 
 
 def evaluate_model(model, evalset: EvalSet, length: int, rt) -> dict:
     """One eval length for one of our models (``rt``: a bench.runtime.Runtime); raises PositionOutOfRange where
-    the encoding cannot run at this length."""
+    the encoding cannot run at this length. The encoding learns each window's index (``set_eval_windows``)."""
     model.encoding.set_eval_length(length)
     model.eval()
     with rt.autocast_context():
-        return evaluate_length(model, evalset.segments, length, evalset.scoring, device=rt.device,
-                               show_progress=rt.show_progress)
+        return score_windows(logits_nll(model), evalset.segments, length, evalset.scoring, device=rt.device,
+                             show_progress=rt.show_progress, on_windows=model.encoding.set_eval_windows)

@@ -3,7 +3,8 @@
 - ``cell_key``: a trained model's weights (its own encoding's options, not every encoding's);
 - ``finetune_key``: a fine-tuned model (the trained model's key, the row, its options, the resolved plan);
 - ``model_key``: the model a row evaluates: its trained model's key, or its fine-tuned model's;
-- ``eval_key``: the evaluation settings that change a row's numbers (and an eval-only row's own options);
+- ``eval_key``: the evaluation settings that change a row's numbers (and an eval-only row's own options, and
+  the eval-time options of an encoding that has them: ``+rand``'s eval positions);
 - ``hf_eval_key``: everything a Hugging Face model's numbers depend on in ``eval``.
 
 :class:`Keys` computes each key of a run once. Keys of rows without encoding options are the ones results
@@ -31,13 +32,18 @@ def cell_key(cfg: RunConfig, trained: Row, seed: int, corpus_fingerprint: str) -
     Includes the corpus fingerprint (the documents themselves, not just the source name), the precision and
     the package version, so changed data or code never silently reuses an old checkpoint. Of the encoding
     options only the trained encoding's own: changing ``t5.num_buckets`` retrains t5, not rope; plus what the
-    encoding resolves from them (``Encoding.key_options``, e.g. ``learned+rand``'s default position range).
+    encoding resolves from them (``Encoding.key_options``, e.g. ``learned+rand``'s default position range),
+    without those that only choose how it is evaluated (``eval_option_names``: ``+rand``'s eval positions).
     """
     from posenc_bench import __version__
 
     name = trained.encoding
     model = asdict(cfg.model)
     model["encoding_options"] = {k: v for k, v in model["encoding_options"].items() if k == name}
+    eval_only = trained.cls.eval_option_names  # e.g. +rand's eval_positions: not the weights'
+    if any(k in eval_only for k in model["encoding_options"].get(name, {})):
+        own = {k: v for k, v in model["encoding_options"][name].items() if k not in eval_only}
+        model["encoding_options"] = {name: own} if own else {}
     ident = {
         "encoding": name,
         "window": trained.window,
@@ -77,13 +83,26 @@ def eval_key(cfg: RunConfig, row: Optional[Row] = None) -> str:
     ident = {k: v for k, v in asdict(cfg.eval).items() if k != "batch_tokens"}
     if ident["protocol"] == "nonoverlapping":  # the default protocol keeps the keys results were made with
         del ident["protocol"], ident["stride"]
+    if ident.get("windows") == "stream":  # the default windows, too (documents: within single documents)
+        del ident["windows"]
     ident["lengths"] = cfg.eval_lengths()
     ident["precision"] = cfg.precision
     if row is not None and row.cls.trained_as:
         own = cfg.model.encoding_options.get(row.encoding)
         if own:
             ident["variant_options"] = {row.encoding: own}
+    evaluated = row_eval_options(cfg.model.encoding_options, row) if row is not None else {}
+    if evaluated:  # e.g. +rand's random eval positions and their seed; absent where a row evaluates as before
+        ident["eval_options"] = evaluated
     return _hash(ident)
+
+
+def row_eval_options(encoding_options: dict, row: Row) -> dict:
+    """The eval-time options of ``row``'s encoding that make its numbers, resolved from ``encoding_options``
+    (``model.encoding_options``; an eval-only row's merged over its trained encoding's, as it is built): {} for
+    every encoding without any (``eval_options``), and for ``+rand`` evaluated at 0 .. L-1."""
+    options = {**encoding_options.get(row.cls.trained_as, {}), **encoding_options.get(row.encoding, {})}
+    return row.cls.eval_options(options)
 
 
 def hf_eval_key(model: dict, *, train_len: int, lengths: list[int], corpus: str, eval_fingerprint: str,

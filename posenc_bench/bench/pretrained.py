@@ -314,7 +314,7 @@ def eval_checkpoint(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], Non
         config=cfg.to_dict(), rows=[row.name for row, _ in rows], train_len=cfg.train.train_len,
         eval_lengths=evalset.lengths, segments=evalset.segments, corpus=corpus.describe(),
         params=sum(p.numel() for p in checkpoint.build_model(cfg, ckpt.row, seed).parameters()),
-        device=device_description(rt.device))
+        device=device_description(rt.device), **evalset.meta())  # the documents scored, and the targets of each
     out = Path(opts.out or f"results/eval-{_slug(path.parent.parent.name + '-' + path.name)}")
     log(f"posenc-bench eval: checkpoint {path} ({ckpt.row}, seed {seed}); lengths {evalset.lengths}; "
         f"{run['eval_tokens']:,} target tokens each; device {run['device']}; out {out}")

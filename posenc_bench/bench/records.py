@@ -110,7 +110,11 @@ def model_record(run: dict, row: "Row", seed: int, eval_len: int, *, keys: dict,
                  **fields: Any) -> dict:
     """The record of one of our models (``run`` and checkpoint ``eval``): the row, its keys (``Keys.cell``),
     the training figures and fine-tuning of its checkpoint ``meta``, its ``config`` (``RunConfig.to_dict``)
-    with its protocol and stride; n/a or diverged fields are filled in by ``score``."""
+    with its protocol and stride, and its encoding's eval-time options where they make its numbers
+    (``eval_options``: ``+rand``'s random eval positions and their seed); n/a or diverged fields are filled in
+    by ``score``."""
+    from posenc_bench.bench.keys import row_eval_options
+
     outcome, evaluation = meta.get("outcome") or {}, config["eval"]
     stride = evaluation.get("stride") or 0
     rec = new_record(
@@ -121,6 +125,9 @@ def model_record(run: dict, row: "Row", seed: int, eval_len: int, *, keys: dict,
         **fields)
     if meta.get("finetune"):
         rec["finetune"] = {k: v for k, v in meta["finetune"].items() if k != "curve"}
+    evaluated = row_eval_options((config.get("model") or {}).get("encoding_options") or {}, row)
+    if evaluated:  # how the row was evaluated where its encoding has a choice (+rand's random eval positions)
+        rec["eval_options"] = evaluated
     if outcome.get("status") == "diverged":
         return not_measured(rec, "diverged", outcome["reason"], last_finite_loss=outcome.get("last_finite_loss"))
     return rec
@@ -224,7 +231,8 @@ def identity(run: dict) -> dict[str, Any]:
 
 def row_settings(rec: dict) -> dict[str, Any]:
     """The settings of one row that its cell and eval keys hold beyond the run's identity: its encoding's own
-    options (and those of the trained encoding it evaluates), and the fine-tuning of a -ft row."""
+    options (and those of the trained encoding it evaluates), the fine-tuning of a -ft row, and the eval-time
+    options it was evaluated with (a record's ``eval_options``)."""
     from posenc_bench import encodings
     from posenc_bench.errors import UnknownEncodingError
 
@@ -238,6 +246,8 @@ def row_settings(rec: dict) -> dict[str, Any]:
     out = {"encoding_options": {n: options.get(n) for n in dict.fromkeys([cls.trained_as or name, name])}}
     if cls.finetuned:
         out["finetune"] = cfg.get("finetune")
+    if rec.get("eval_options"):  # e.g. +rand evaluated at random positions (absent: at 0 .. L-1, as before)
+        out["eval_options"] = rec["eval_options"]
     return _leaves(out, "")
 
 

@@ -202,7 +202,8 @@ class Sweep:
         self.run_meta = run_meta(
             config=cfg.to_dict(), rows=[row.name for row in cfg.rows()], train_len=cfg.train.train_len,
             eval_lengths=self.evalset.lengths, segments=self.evalset.segments, corpus=self.corpus.describe(),
-            device=device_description(rt.device) + (f" x{dist.world_size} ({dist.describe()})" if dist else ""))
+            device=device_description(rt.device) + (f" x{dist.world_size} ({dist.describe()})" if dist else ""),
+            **self.evalset.meta())  # the documents scored, and the targets of each
         if shard is not None:
             self.run_meta["shard"] = shard_meta(cfg, *shard)
         self.folder = ResultsFolder(self.out, "results.json" if shard is None else shard_file(*shard))

@@ -118,11 +118,30 @@ class Encoding(nn.Module):
     def set_train_length(self, length: int) -> None:
         """Called before fine-tuning (and evaluating) a fine-tuned variant tuned at ``length`` tokens."""
 
+    # Options that only choose how the encoding is evaluated (``+rand``'s eval positions): never in the cell key
+    eval_option_names: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def eval_options(cls, options: dict) -> dict:
+        """The resolved eval-time options that make this row's numbers (part of the eval key and the records):
+        {} where the row evaluates as it always has."""
+        return {}
+
     @classmethod
     def key_options(cls, train_len: int, options: dict) -> dict:
         """Resolved options that determine the trained weights beyond the configured ones (e.g. ``+rand``'s
         position range, a multiple of the train length by default): part of the cell key when not empty."""
         return {}
+
+    def for_layer(self, layer: int) -> "Encoding":
+        """The encoding as attention layer ``layer`` (0-based) sees it: itself, unless the encoding keeps
+        parameters per layer (CoPE's position tables), when it returns that layer's view."""
+        return self
+
+    def set_eval_windows(self, windows: Optional[torch.Tensor]) -> None:
+        """Called before each eval forward with the run-wide index (B,) int64 of each window in the batch (None
+        after evaluation): an encoding whose eval positions are random (``+rand``) seeds them by window, so
+        every run and every row scores the same positions."""
 
     def positions(self, batch: int, length: int, device: torch.device) -> torch.Tensor:
         """The positions of a window of ``length`` tokens: (T,) 0 .. T-1, or (B, T) positions per sequence."""

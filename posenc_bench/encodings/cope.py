@@ -7,10 +7,21 @@ Golovneva, Wang, Weston & Sukhbaatar, "Contextual Position Encoding: Learning to
 
 and the logit gains q_i . e[p_ij], where e holds ``npos_max`` learned vectors of the head dimension and a
 fractional p_ij interpolates e[floor p] and e[ceil p] (by the logits q . e, as the paper does). As the
-authors' code (facebookresearch/RAM, projects/cope), positions are clamped to npos_max - 1, the table starts
-at zero, the position logit is added before the 1/sqrt(D) scale, and npos_max defaults to the train length +
-1 (a count can reach the number of keys). The table is shared by all layers (the authors' ``--cope-shared``
-option; their default keeps one per layer), as every encoding here is one module for the whole model.
+authors' code (facebookresearch/RAM, projects/cope/src/cope/context_position.py, ``ContextPosSelfAttn``),
+positions are clamped to npos_max - 1, the table starts at zero, the position logit is added before the
+1/sqrt(D) scale, and npos_max defaults to the train length + 1 (a count can reach the number of keys; lines
+69-73 there).
+
+Each attention layer has its own table, as in the authors' default: ``ContextPosSelfAttn`` is built once per
+layer (models/transformer.py line 72) with its own ``pos_emb`` of shape (1, head_dim, npos), shared by the
+heads of that layer (context_position.py lines 75-78), and ``--cope-shared`` (default False, lines 46-51)
+ties every layer's table to the first one (models/transformer.py lines 262-267). Here ``shared`` (default
+False) is that flag: per layer, ``pos_emb`` is (n_layers, D, npos_max) and ``for_layer(i)`` is the view
+that attention layer i attends with; shared, it is one (D, npos_max) table, the layout this module had
+before, so a checkpoint of that layout loads into ``shared=True``. ``n_layers`` is the model's number of
+layers (the model passes it; a standalone encoding has one). Whether the tables are shared determines the
+weights, so it is part of the cell key (``key_options``): a per-layer checkpoint is never mistaken for a
+shared one, nor for one trained before per-layer tables existed.
 
 CoPE reads q . k, so it computes each query chunk's whole logits (``has_attention_logits``): attention runs
 explicitly, chunk by chunk, with memory bounded by the chunk size.
@@ -18,11 +29,34 @@ explicitly, chunk by chunk, with memory bounded by the chunk size.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
 from posenc_bench.encodings.base import Encoding
 from posenc_bench.encodings.registry import register
+
+
+def positions_of(logits: torch.Tensor, visible: torch.Tensor, npos_max: int) -> torch.Tensor:
+    """p_ij = sum_{t >= j} g_it over visible keys, clamped to npos_max - 1: (B, H, q, k) from scaled q . k."""
+    gates = torch.sigmoid(logits) * visible
+    return gates.flip(-1).cumsum(-1).flip(-1).clamp(max=npos_max - 1)
+
+
+def cope_logits(table: torch.Tensor, q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, scale: float
+                ) -> torch.Tensor:
+    """One chunk's pre-softmax logits (B, H, q, k) with position table ``table`` (D, npos_max): content plus
+    the interpolated position logit, scaled, plus the mask (context_position.py lines 96-139)."""
+    qf = q.float()
+    content = qf @ k.float().transpose(-1, -2)  # (B, H, q, k)
+    p = positions_of(content * scale, torch.isfinite(mask).float(), table.shape[-1])
+    fixed = qf @ table.float()  # (B, H, q, npos_max): q . e[n] for every integer position n
+    floor = p.floor()
+    w = p - floor  # differentiable in the gates
+    lo = fixed.gather(-1, floor.long())
+    hi = fixed.gather(-1, p.ceil().long())
+    return (content + hi * w + lo * (1 - w)) * scale + mask
 
 
 @register("cope")
@@ -33,26 +67,66 @@ class CoPE(Encoding):
     paper = "Golovneva et al. 2024 (arXiv:2405.18719)"
     has_attention_logits = True
 
-    def __init__(self, *, d_model: int, n_heads: int, train_len: int, npos_max: int = 0) -> None:
+    def __init__(self, *, d_model: int, n_heads: int, train_len: int, npos_max: int = 0, shared: bool = False,
+                 n_layers: int = 1) -> None:
         super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len)
         if npos_max < 0:
             raise ValueError(f"npos_max must be >= 0 (0: train length + 1), got {npos_max}")
+        if not isinstance(shared, bool):
+            raise ValueError(f"CoPE option shared must be true or false, got {shared!r}")
+        if n_layers < 1:
+            raise ValueError(f"CoPE needs n_layers >= 1 (one position table per attention layer), got {n_layers}")
         self.npos_max = npos_max or train_len + 1
-        self.pos_emb = nn.Parameter(torch.zeros(self.head_dim, self.npos_max))  # e[p] = pos_emb[:, p]
+        self.shared = shared
+        self.n_layers = n_layers
+        shape = (self.head_dim, self.npos_max) if shared else (n_layers, self.head_dim, self.npos_max)
+        self.pos_emb = nn.Parameter(torch.zeros(shape))  # e[p] = table[:, p]
+
+    @classmethod
+    def key_options(cls, train_len: int, options: dict) -> dict:
+        """Shared or per-layer tables: different weights (and a key unlike the one CoPE had before)."""
+        return {"shared": bool(options.get("shared", False))}
+
+    def table(self, layer: int) -> torch.Tensor:
+        """Layer ``layer``'s position table (D, npos_max): column p is e[p]."""
+        if self.shared:
+            return self.pos_emb
+        if not 0 <= layer < self.n_layers:
+            raise IndexError(f"CoPE has {self.n_layers} per-layer position table(s) (n_layers={self.n_layers}); "
+                             f"layer {layer} has none: build it with the model's n_layers, or shared=True")
+        return self.pos_emb[layer]
+
+    def for_layer(self, layer: int) -> "CoPELayer":
+        self.table(layer)  # refuse a layer without a table here, not mid-forward
+        return CoPELayer(self, layer)
 
     def positions_of(self, logits: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
         """p_ij = sum_{t >= j} g_it over visible keys, clamped to npos_max - 1: (B, H, q, k) from scaled q . k."""
-        gates = torch.sigmoid(logits) * visible
-        return gates.flip(-1).cumsum(-1).flip(-1).clamp(max=self.npos_max - 1)
+        return positions_of(logits, visible, self.npos_max)
 
     def attention_logits(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
                          mask: torch.Tensor, scale: float) -> torch.Tensor:
-        qf = q.float()
-        content = qf @ k.float().transpose(-1, -2)  # (B, H, q, k)
-        p = self.positions_of(content * scale, torch.isfinite(mask).float())
-        fixed = qf @ self.pos_emb.float()  # (B, H, q, npos_max): q . e[n] for every integer position n
-        floor = p.floor()
-        w = p - floor  # differentiable in the gates
-        lo = fixed.gather(-1, floor.long())
-        hi = fixed.gather(-1, p.ceil().long())
-        return (content + hi * w + lo * (1 - w)) * scale + mask
+        """With layer 0's table (the model asks each layer's view, ``for_layer``, for its own)."""
+        return cope_logits(self.table(0), q, k, mask, scale)
+
+
+class CoPELayer:
+    """CoPE as attention layer ``layer`` sees it (``CoPE.for_layer``): its own position table, everything else
+    (hooks, capability flags, sizes, attention sinks of a ``cope+sink`` row) read from the whole encoding, so
+    the attention plan treats it as the encoding itself. Not a module: the parameters stay in the encoding.
+    The explicit attention path calls the layer's encoding (``model/attention.Chunk.encoding``), so each layer's
+    logits use its own table."""
+
+    def __init__(self, cope: CoPE, layer: int) -> None:
+        self.cope = cope
+        self.layer = layer
+
+    def __getattr__(self, name: str) -> Any:  # only for what this class does not define
+        return getattr(self.cope, name)
+
+    def __repr__(self) -> str:
+        return f"CoPELayer(layer={self.layer}, shared={self.cope.shared})"
+
+    def attention_logits(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
+                         mask: torch.Tensor, scale: float) -> torch.Tensor:
+        return cope_logits(self.cope.table(self.layer), q, k, mask, scale)

@@ -1,22 +1,44 @@
 """FIRE: functional interpolation for relative positions.
 
-Li, Zhu, Huang, Sheng, Chen, Wu, Chang, Wang, Bhojanapalli & Chen, "Functional Interpolation for Relative
-Positions Improves Long Context Transformers", ICLR 2024 (arXiv:2310.04418), sec. 3: a per-head bias
+Li, You, Guruganesh, Ainslie, Ontanon, Zaheer, Sanghai, Yang, Kumar & Bhojanapalli, "Functional Interpolation
+for Relative Positions Improves Long Context Transformers", ICLR 2024 (arXiv:2310.04418), sec. 3: a per-head
+bias
 
     b(i, j) = f_theta( psi(i - j) / psi(max(L, i)) ),   psi(x) = log(c x + 1),
 
-for a query at position i and a key at j <= i. f_theta: R -> R^H is a small MLP (one hidden layer of
-``mlp_width`` units, ReLU), c > 0 is learned, and L is a learned threshold (the paper's "progressive
-interpolation": up to L the bias is a function of the distance; past it the normalised distance stays in
-[0, 1] whatever the length, which is what lets the bias interpolate instead of extrapolate). The paper's
-listing learns L as |multiplier * L_init| with the multiplier starting at 1, and adds eps = 1e-6 to the
-denominator; c starts at 0.1.
+for a query at position i and a key at j <= i. f_theta: R -> R^H is a small MLP, c > 0 sharpens the log
+(the code's comment: "amplifying differences among local positions"), and L is a threshold: up to L the
+normaliser is the constant psi(L), so the bias is a function of the distance; past it the normalised distance
+stays in [0, 1] whatever the length (the paper's "progressive interpolation"), which lets the bias
+interpolate instead of extrapolate.
 
-Defaults: ``mlp_width`` 32 and c = 0.1 as in the paper's listing; ``threshold`` (L's initial value) 0 means a
-quarter of the train length, the paper's ratio (L_init 512 for training at 2048 tokens); give a number of
-tokens to set it directly. The bias depends on (i - j, i), not on the distance alone, so it goes through the
-chunked mask path; its MLP runs on blocks of query rows so that its hidden activations stay bounded at any
-length.
+Every default and every step of the computation is the public implementation ``class FIRE`` of
+mcleish7/arithmetic, ``cramming/architectures/embeddings.py`` (lines 419-480 at commit 86022a5, cited as
+``embeddings.py``; its docstrings cite the paper), which this module equals entry by entry
+(tests/encodings/test_fire.py re-implements it in float64):
+
+- ``mlp_width`` 32: ``__init__(..., mlp_width=32, ...)`` (line 420); the MLP is ``Linear(1, width) -> ReLU ->
+  Linear(width, H)`` (line 435) with PyTorch's default initialisation (the model's std-0.02 init runs before
+  the encoding is built and does not touch it).
+- c starts at 0.1 (``init_c=0.1``, line 420) and is learned as a plain parameter (line 438); the code takes
+  ``log(|c * d| + 1)`` for the distance and for the normaliser alike (lines 472-473), so c's sign never
+  matters.
+- L starts at 512 tokens (``init_L=512.0``, line 420): a fixed ``init_L`` (``requires_grad=False``, line 441)
+  times a learned multiplier that starts at 1 (line 442), L = |multiplier * init_L| (line 468). It is a number
+  of tokens, not a fraction of the train length (the caller, ``cramming/architectures/attention.py`` line
+  182, builds FIRE with that default whatever the sequence length). ``threshold=0`` gives this repository's
+  earlier default, a quarter of the train length.
+- the normaliser is max(i, L) over the query position i, positions counted from 0 (lines 464, 469); eps =
+  1e-6 is added to psi of it (``eps=1e-6``, lines 420, 476).
+- future keys (j > i) get psi(|i - j|) (the ``abs`` of line 472), as there; the causal mask hides them.
+- the paper's sec. 3 defines the same b(i, j); the values above are the code's, and its own runs use them
+  (attention.py line 182 passes only the head count and ``max_length``, the randomised-positions range).
+
+One difference stays: the reference builds one FIRE per attention layer (attention.py line 182), while this
+model computes one bias shared by all layers (model/transformer.py), like T5's bias here.
+
+The bias depends on (i - j, i), not on the distance alone, so it goes through the chunked mask path; its MLP
+runs on blocks of query rows so that its hidden activations stay bounded at any length.
 """
 
 from __future__ import annotations
@@ -27,7 +49,7 @@ from torch import nn
 from posenc_bench.encodings.base import Encoding
 from posenc_bench.encodings.registry import register
 
-EPS = 1e-6
+EPS = 1e-6  # eps=1e-6: mcleish7/arithmetic cramming/architectures/embeddings.py, FIRE.__init__ (line 420)
 HIDDEN_ELEMENTS = 1 << 22  # the most (rows x keys x width) hidden activations one MLP call builds
 
 
@@ -40,7 +62,7 @@ class FIRE(Encoding):
     has_bias = True
     batched_positions = True
 
-    def __init__(self, *, d_model: int, n_heads: int, train_len: int, mlp_width: int = 32, threshold: float = 0.0,
+    def __init__(self, *, d_model: int, n_heads: int, train_len: int, mlp_width: int = 32, threshold: float = 512.0,
                  c_init: float = 0.1) -> None:
         super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len)
         if mlp_width < 1 or threshold < 0 or c_init <= 0:
@@ -52,16 +74,16 @@ class FIRE(Encoding):
         self.threshold_multiplier = nn.Parameter(torch.tensor(1.0))
 
     def threshold(self) -> torch.Tensor:
-        """L = |multiplier * L_init|, learned."""
+        """L = |multiplier * L_init|, learned through the multiplier."""
         return (self.threshold_multiplier * self.threshold_init).abs()
 
     def normalized_distance(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        """psi(i - j) / (psi(max(L, i)) + eps): (Tq, Tk) or (B, Tq, Tk); future keys (i < j) get distance 0."""
-        i = q_pos.to(torch.float32)[..., :, None]  # (..., Tq, 1)
-        j = k_pos.to(torch.float32)[..., None, :]  # (..., 1, Tk)
-        c = self.c.abs()
-        numerator = torch.log(c * (i - j).clamp(min=0) + 1)
-        denominator = torch.log(c * torch.maximum(i, self.threshold()) + 1) + EPS
+        """psi(|i - j|) / (psi(max(L, i)) + eps), psi(x) = log(|c x| + 1): (Tq, Tk) or (B, Tq, Tk)."""
+        dtype = torch.promote_types(self.c.dtype, torch.float32)  # float32, or float64 for a float64 module
+        i = q_pos.to(dtype)[..., :, None]  # (..., Tq, 1)
+        j = k_pos.to(dtype)[..., None, :]  # (..., 1, Tk)
+        numerator = torch.log(torch.abs(self.c * (i - j)) + 1)
+        denominator = torch.log(torch.abs(self.c * torch.maximum(i, self.threshold())) + 1) + EPS
         return numerator / denominator
 
     def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:

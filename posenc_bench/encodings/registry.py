@@ -117,12 +117,15 @@ def family(cls: type[Encoding]) -> str:
     return cls.family
 
 
-def build(name: str, *, d_model: int, n_heads: int, train_len: int, options: Optional[dict] = None) -> Encoding:
-    """Instantiate encoding ``name``; ``options`` are the family's keyword options (e.g. t5 num_buckets)."""
+def build(name: str, *, d_model: int, n_heads: int, train_len: int, n_layers: int = 1,
+          options: Optional[dict] = None) -> Encoding:
+    """Instantiate encoding ``name``; ``options`` are the family's keyword options (e.g. t5 num_buckets).
+    ``n_layers``: the model's attention layers, given to an encoding whose ``__init__`` takes it (one that keeps
+    parameters per layer: CoPE's position tables); a shape, like d_model, never an option."""
     cls = get_class(name)
     options = dict(options or {})
     params = inspect.signature(cls.__init__).parameters
-    valid = [p for p in params if p not in ("self", "d_model", "n_heads", "train_len")]
+    valid = [p for p in params if p not in ("self", "d_model", "n_heads", "train_len", "n_layers")]
     bad = sorted(set(options) - set(valid))
     if bad:
         raise ConfigError(
@@ -134,4 +137,5 @@ def build(name: str, *, d_model: int, n_heads: int, train_len: int, options: Opt
             options[key] = yaml_number(value, params[key].default)
         except ValueError:
             raise ConfigError(f"option {key!r} of encoding {name!r} must be a number, got {value!r}") from None
-    return cls(d_model=d_model, n_heads=n_heads, train_len=train_len, **options)
+    shape = {"n_layers": n_layers} if "n_layers" in params else {}
+    return cls(d_model=d_model, n_heads=n_heads, train_len=train_len, **shape, **options)

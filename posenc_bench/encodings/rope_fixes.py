@@ -6,11 +6,16 @@ the ``attention_logits`` hook (the model runs it chunk by chunk, memory bounded 
 
 - ``rope-rerope``: ReRoPE, Su, "Rectified Rotary Position Embeddings" (2023; kexue.fm/archives/9708,
   github.com/bojone/rerope). Relative positions from the window w on are clipped to w: pairs with
-  i - j < w get (q R_i) . (k R_j), the others (q R_w) . k, so no distance beyond w is ever seen. w defaults
-  to half the train length (the author's code uses 512 of Llama 2's 4096; w is the ``window`` option).
+  i - j < w get (q R_i) . (k R_j), the others (q R_w) . k, so no distance beyond w is ever seen. w (the
+  ``window`` option, in tokens) defaults to the author's ratio, an eighth of the train length: his
+  ``rerope_patch.py`` sets ``training_length = 4096`` and ``window = 512`` (lines 129-130 at commit acfe788),
+  for Llama 2. (The README's loss table reports w = 1024, a quarter; the code's default is the eighth.) The
+  default here was formerly half the train length; ``window`` = train length / 2 gives it back.
 - ``rope-leaky``: Leaky ReRoPE (same post): beyond w the position grows with slope 1/k instead of staying at
   w: relative position w + (i - j - w) / k, from q rotated at i / k + w (1 - 1/k) and k at j / k, as the
-  author's ``leaky_rerope_patch.py`` does; k (``slope``) defaults to the author's 16.
+  author's ``leaky_rerope_patch.py`` does; w defaults as ReRoPE's (that file's ``window = 512`` of
+  ``training_length = 4096``, lines 138-140) and k (``slope``) to the author's 16 (``scaling_factor``, line
+  139).
 - ``rope-selfextend``: Self-Extend, Jin et al., "LLM Maybe LongLM: Self-Extend LLM Context Window Without
   Tuning", ICML 2024 (arXiv:2401.01325): neighbours with i - j < W keep their exact relative position,
   farther keys take the grouped one, q at floor(i / G) + W - floor(W / G) and k at floor(j / G), merged as
@@ -34,6 +39,16 @@ import torch
 
 from posenc_bench.encodings.registry import register
 from posenc_bench.encodings.rope import RoPE, apply_rotary
+
+
+# ReRoPE's default window w = train length / WINDOW_DIVISOR: the author's 512 of 4096 (rerope_patch.py lines
+# 129-130, leaky_rerope_patch.py lines 138-140, github.com/bojone/rerope at commit acfe788).
+WINDOW_DIVISOR = 8
+
+
+def default_window(train_len: int) -> int:
+    """ReRoPE's and Leaky ReRoPE's default w: the author's ratio of the train length, at least 1."""
+    return max(1, train_len // WINDOW_DIVISOR)
 
 
 class PairwiseRoPE(RoPE):
@@ -105,9 +120,15 @@ class ReRoPE(PairwiseRoPE):
     def __init__(self, *, d_model: int, n_heads: int, train_len: int, theta: float = 10000.0, window: int = 0) -> None:
         super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len, theta=theta)
         if window < 0 or window > train_len:
-            raise ValueError(f"ReRoPE window must be 0 (train length / 2) or 1 .. the train length {train_len}, "
-                             f"got {window}")
-        self.window = window or max(1, train_len // 2)
+            raise ValueError(f"ReRoPE window must be 0 (train length / {WINDOW_DIVISOR}, the author's ratio) or "
+                             f"1 .. the train length {train_len}, got {window}")
+        self.window = window or default_window(train_len)
+
+    @classmethod
+    def eval_options(cls, options: dict) -> dict:
+        """The default window's rule, part of the eval key and the records (an explicit window already is, as
+        the row's own option): numbers made with the former default, half the train length, are not reused."""
+        return {} if options.get("window") else {"default_window": f"train length / {WINDOW_DIVISOR}"}
 
     def active_from(self) -> int:
         return self.window

@@ -13,8 +13,19 @@ formula, with the scale applied to cos and sin as transformers applies it (so lo
 - ``rope-dynamic``: dynamic NTK, emozilla, r/LocalLLaMA (2023), transformers' "dynamic": the base depends on
   the current sequence length L: theta * (f L / T - (f - 1))^(d/(d-2)), equal to plain RoPE up to T.
 - ``rope-yarn``: Peng et al., "YaRN: Efficient Context Window Extension of Large Language Models", ICLR
-  2024 (arXiv:2309.00071): per-frequency blend of interpolation and extrapolation (beta_fast 32, beta_slow
-  1) and an attention temperature 0.1 ln s + 1.
+  2024 (arXiv:2309.00071): per-frequency blend of interpolation and extrapolation, the ramp of its
+  "NTK-by-parts" section between r = beta_slow (the paper's alpha) and beta_fast (its beta) rotations of a
+  frequency over the original context, and the attention temperature of its "YaRN" section,
+  sqrt(1/t) = temperature_coef ln s + 1.
+  The defaults are the authors' (alpha 1, beta 32, 0.1): the paper's values for Llama, 128-dimensional heads
+  at a 4k context, and the defaults of their code (jquesnelle/yarn at commit 995db5b,
+  scaled_rope/LlamaYaRNScaledRotaryEmbedding.py: ``beta_fast=32, beta_slow=1`` line 30, the floor/ceil
+  correction range lines 9-14, ``get_mscale`` 0.1 ln s + 1 lines 24-27) and of transformers'
+  ``_compute_yarn_parameters``. The three are options (``beta_fast``, ``beta_slow``, ``temperature_coef``)
+  for values fitted to another head size or context; none fitted to ours (32-dimensional heads at 512) is
+  published. The ramp's bounds are counted in rotations per train length, so they carry over to any length;
+  at head_dim 32, theta 10000 and train length 512 they fall on pairs 1 and 8 of 16: pairs 0-1 keep their
+  frequency, 2-7 blend, 8-15 are interpolated (tests/encodings/test_rope_scaling.py checks it).
 - ``rope-llama3``: the Llama 3.1 scaling (Dubey et al., "The Llama 3 Herd of Models", arXiv:2407.21783):
   wavelengths above T / low_freq_factor are divided by s, below T / high_freq_factor kept, smooth between.
 - ``<name>-ft`` and ``rope-ft``: Chen et al., "Extending Context Window of Large Language Models via
@@ -35,20 +46,27 @@ row takes no factor: s is the fine-tune length's (config ``finetune.len``), so t
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Mapping, Optional
+from typing import Any, Callable, ClassVar, Mapping, Optional
 
 import torch
 
 from posenc_bench.encodings.registry import register
 from posenc_bench.encodings.rope import RoPE, default_inv_freq
 
-# (head_dim, theta, factor, train_len, seq_len) -> (inv_freq float32 (head_dim / 2,), attention scale)
-FrequencyFn = Callable[[int, float, float, int, int], tuple[torch.Tensor, float]]
+# (head_dim, theta, factor, train_len, seq_len, **the entry's parameters) -> (inv_freq float32 (head_dim / 2,),
+# attention scale)
+FrequencyFn = Callable[..., tuple[torch.Tensor, float]]
 
 # Llama 3.1's published low/high frequency factors: rope-llama3's frequencies and the HF surgery's rope_parameters
 LLAMA3_FREQ_FACTORS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
+# YaRN's published parameters, the defaults of rope-yarn's options: the ramp's bounds in rotations over the
+# original context (beta_slow = the paper's alpha, beta_fast = its beta: 1 and 32 for the Llama family, its
+# "NTK-by-parts" section) and the temperature's coefficient, sqrt(1/t) = 0.1 ln s + 1 (its "YaRN" section, fitted
+# on Llama models); jquesnelle/yarn scaled_rope/LlamaYaRNScaledRotaryEmbedding.py lines 24-30 (commit 995db5b).
+YARN_PARAMETERS = {"beta_fast": 32.0, "beta_slow": 1.0, "temperature_coef": 0.1}
 
 
 def hf_scaled_inv_freq(rope_type: str, head_dim: int, theta: float, original_len: int, *,
@@ -111,11 +129,26 @@ def dynamic_frequencies(head_dim: int, theta: float, factor: float, train_len: i
     return hf_scaled_inv_freq("dynamic", head_dim, theta, train_len, seq_len=seq_len, factor=float(factor))
 
 
-def yarn_frequencies(head_dim: int, theta: float, factor: float, train_len: int, seq_len: int
+def yarn_frequencies(head_dim: int, theta: float, factor: float, train_len: int, seq_len: int, *,
+                     beta_fast: float = 32.0, beta_slow: float = 1.0, temperature_coef: float = 0.1
                      ) -> tuple[torch.Tensor, float]:
-    """transformers' "yarn" frequencies and temperature, the original context being the train length."""
+    """transformers' "yarn" frequencies, the original context being the train length, with the ramp between
+    beta_slow and beta_fast rotations and the attention scale temperature_coef ln s + 1 (1 at s <= 1), the
+    temperature transformers computes itself at the default 0.1 (``get_mscale``), here passed explicitly."""
+    check_yarn(beta_fast=beta_fast, beta_slow=beta_slow, temperature_coef=temperature_coef)
+    attention_factor = temperature_coef * math.log(factor) + 1.0 if factor > 1 else 1.0
     return hf_scaled_inv_freq("yarn", head_dim, theta, train_len, factor=factor,
-                              original_max_position_embeddings=train_len)
+                              original_max_position_embeddings=train_len, beta_fast=float(beta_fast),
+                              beta_slow=float(beta_slow), attention_factor=attention_factor)
+
+
+def check_yarn(*, beta_fast: float, beta_slow: float, temperature_coef: float) -> None:
+    """ValueError unless 0 < beta_slow < beta_fast (rotations) and temperature_coef >= 0."""
+    if not 0 < beta_slow < beta_fast:
+        raise ValueError(f"YaRN needs 0 < beta_slow < beta_fast (rotations over the train length), got "
+                         f"beta_slow={beta_slow}, beta_fast={beta_fast}")
+    if temperature_coef < 0:
+        raise ValueError(f"YaRN needs temperature_coef >= 0 (sqrt(1/t) = c ln s + 1), got {temperature_coef}")
 
 
 def llama3_frequencies(head_dim: int, theta: float, factor: float, train_len: int, seq_len: int
@@ -139,6 +172,9 @@ class Scaling:
     hf_rope_type: Optional[str] = None  # transformers' rope_type, where it has the scaling (hf/rope.py)
     hf_parameters: Mapping[str, float] = field(default_factory=dict)  # its fixed rope_parameters besides factor
     hf_original_len: bool = False  # its rope_parameters take original_max_position_embeddings = train length
+    # its own options with their defaults (the authors' values), passed to ``frequencies`` as keywords
+    parameters: Mapping[str, float] = field(default_factory=dict)
+    check: Optional[Callable[..., None]] = None  # raises ValueError for bad parameters, at construction
 
 
 SCALING_TABLE: tuple[Scaling, ...] = (
@@ -157,7 +193,7 @@ SCALING_TABLE: tuple[Scaling, ...] = (
             "the trained rope model with YaRN (per-frequency interpolation, attention temperature), zero-shot; "
             "Peng et al. 2024",
             "YaRN fine-tuned at the fine-tune length, as in the paper; Peng et al. 2024",
-            hf_rope_type="yarn", hf_original_len=True),
+            hf_rope_type="yarn", hf_original_len=True, parameters=YARN_PARAMETERS, check=check_yarn),
     Scaling("llama3", "Dubey et al. 2024, The Llama 3 Herd of Models (arXiv:2407.21783)", llama3_frequencies,
             "the trained rope model with Llama 3.1 frequency-dependent scaling, zero-shot; Dubey et al. 2024",
             "Llama 3.1 scaling fine-tuned at the fine-tune length",
@@ -174,12 +210,19 @@ class ScaledRoPE(RoPE):
     scaling: ClassVar[Scaling]
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int, theta: float = 10000.0,
-                 factor: float = 0.0) -> None:
+                 factor: float = 0.0, **parameters: float) -> None:
         super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len, theta=theta)
         if factor != 0 and factor < 1:
             raise ValueError(f"factor must be 0 (eval length / train length) or >= 1, got {factor}")
         self.factor = float(factor)
         self.tuned_len: Optional[int] = None  # set by set_train_length on the fine-tuned rows
+        unknown = sorted(set(parameters) - set(self.scaling.parameters))
+        if unknown:
+            raise TypeError(f"{type(self).__name__} takes no parameter(s) {', '.join(unknown)}")
+        # the entry's own options (YaRN's ramp and temperature), the authors' values unless configured
+        self.parameters = {k: float(parameters.get(k, v)) for k, v in self.scaling.parameters.items()}
+        if self.scaling.check is not None:
+            self.scaling.check(**self.parameters)
 
     def scale_for(self, length: int) -> float:
         """The factor s used at this length: fixed by the config or by fine-tuning, else length / train_len."""
@@ -192,7 +235,8 @@ class ScaledRoPE(RoPE):
         if s == 1.0 and not self.scaling.length_dependent:
             self._set_frequencies(*default_inv_freq(self.head_dim, self.theta))
         else:
-            self._set_frequencies(*self.scaling.frequencies(self.head_dim, self.theta, s, self.train_len, length))
+            self._set_frequencies(*self.scaling.frequencies(self.head_dim, self.theta, s, self.train_len, length,
+                                                            **self.parameters))
 
 
 class FineTunedRoPE(ScaledRoPE):
@@ -204,11 +248,12 @@ class FineTunedRoPE(ScaledRoPE):
     family = "rotary scaling (fine-tuned)"
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int, theta: float = 10000.0,
-                 factor: Optional[float] = None) -> None:
+                 factor: Optional[float] = None, **parameters: float) -> None:
         if factor is not None:
             raise ValueError(f"{self.name} takes no factor (got {factor}): its factor is the fine-tune length "
                              f"(config finetune.len) / train length; set finetune.len instead")
-        super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len, theta=theta, factor=0.0)
+        super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len, theta=theta, factor=0.0,
+                         **parameters)
 
     def set_train_length(self, length: int) -> None:
         self.tuned_len = length
@@ -224,11 +269,13 @@ def _zero_shot_row(entry: Scaling) -> type[ScaledRoPE]:
         paper = entry.citation
 
         def __init__(self, *, d_model: int, n_heads: int, train_len: int, theta: float = 10000.0,
-                     factor: float = entry.default_factor) -> None:
-            super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len, theta=theta, factor=factor)
+                     factor: float = entry.default_factor, **parameters: float) -> None:
+            super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len, theta=theta, factor=factor,
+                             **parameters)
             if self.scaling.length_dependent and self.factor < 1:  # it takes the length from the input
                 raise ValueError(f"{self.name} needs factor >= 1, got {factor}")
 
+    _with_parameters(ZeroShot, entry)
     return _named(ZeroShot, f"RoPE{entry.name.capitalize()}")
 
 
@@ -240,7 +287,22 @@ def _finetuned_row(entry: Scaling) -> type[FineTunedRoPE]:
         summary = entry.ft_summary
         paper = entry.citation
 
+        def __init__(self, **kwargs: Any) -> None:  # the signature below: FineTunedRoPE's and the entry's own
+            super().__init__(**kwargs)
+
+    _with_parameters(FineTuned, entry, FineTunedRoPE.__init__)
     return _named(FineTuned, f"RoPE{entry.name.capitalize()}FT")
+
+
+def _with_parameters(cls: type, entry: Scaling, base: Optional[Callable[..., None]] = None) -> None:
+    """Give ``cls.__init__`` the signature of ``base`` (its own by default) with the entry's parameters as keyword
+    options, defaults included, in place of ``**parameters``: the registry reads a row's options from it."""
+    init = cls.__init__
+    signature = inspect.signature(base or init)
+    own = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    extra = [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=v, annotation=float)
+             for k, v in entry.parameters.items()]
+    init.__signature__ = signature.replace(parameters=own + extra)
 
 
 def _named(cls: type, name: str) -> type:

@@ -11,9 +11,13 @@ torchscale does) to keep both factors near 1 at long lengths.
 - ``xpos``: the encoding, trained from scratch.
 - ``xpos+bca``: the trained ``xpos`` model evaluated with the paper's blockwise causal attention (sec. 3.3)
   past the train length: the window is cut into blocks of ``block`` tokens and each query sees its own
-  block and the previous one, so no query meets a distance much beyond what training showed. The block size
-  defaults to half the train length, which keeps every distance below the train length; the paper's own
-  block size was not checked against its text here (an option: ``block``).
+  block and the previous one, so no query meets a distance beyond what training showed. The block size
+  defaults to half the train length, the paper's: "If the pre-training length is l, we divide the query as
+  blocks with l/2 length, and each query interacts with its own block and the last block" (sec. 3.3,
+  "Blockwise Causal Attention"; its models train at l = 1024, sec. 4.1, so blocks of 512). Training is plain
+  causal attention and the blocks apply to longer inputs only (fig. 2), as here. The authors' released code
+  (microsoft/torchscale, ``XPOS`` in torchscale/component/xpos_relative_position.py) has xPos but no
+  blockwise attention, so the paper is the only source. Another size is the option ``block``.
 """
 
 from __future__ import annotations
@@ -82,8 +86,8 @@ class XPosBCA(XPos):
         super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len, theta=theta,
                          scale_base=scale_base, gamma=gamma)
         if block < 0:
-            raise ValueError(f"block must be >= 0 (0: half the train length), got {block}")
-        self.block = block or max(1, train_len // 2)
+            raise ValueError(f"block must be >= 0 (0: half the train length, the paper's l/2), got {block}")
+        self.block = block or max(1, train_len // 2)  # sec. 3.3: blocks of l/2 for pre-training length l
 
     def attention_block(self, length: int) -> Optional[int]:
         """Blocks only past the train length: up to it, the model attends as it was trained."""

@@ -209,7 +209,8 @@ class Chunk(NamedTuple):
     """What a path attends for query chunk i of one layer: q (B, H, q, D) rotated at the queries' positions;
     k, v (B, H, k, D) the chunk's keys (``AttentionPlan.key_span``), k rotated; the chunk's mask, None for a
     causal chunk; the logit scale; ``raw``: the layer's q and k (B, H, T, D) before ``rotate`` (the sink path
-    rotates queries again, at their cache positions)."""
+    rotates queries again, at their cache positions); ``encoding``: the layer's (``Encoding.for_layer``), whose
+    own logits the explicit paths call."""
 
     i: int
     q: torch.Tensor
@@ -218,6 +219,7 @@ class Chunk(NamedTuple):
     mask: Optional[torch.Tensor]
     scale: float
     raw: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+    encoding: Optional[encodings.Encoding] = None
 
 
 def _fold_parts(dtype: torch.dtype) -> int:
@@ -293,6 +295,7 @@ def attend(encoding: encodings.Encoding, plan: AttentionPlan, q: torch.Tensor, k
     outs = []
     for i, (qs, qe, _) in enumerate(plan.chunks):
         mask = plan.mask(i, q.dtype)  # None (a causal chunk) or (1 or B, H or 1, qe - qs, p + qe - ks)
-        chunk = Chunk(i, q[:, :, qs:qe], plan.chunk_keys(i, k, 2), plan.chunk_keys(i, v, 2), mask, scale, raw)
+        chunk = Chunk(i, q[:, :, qs:qe], plan.chunk_keys(i, k, 2), plan.chunk_keys(i, v, 2), mask, scale, raw,
+                      encoding)
         outs.append(path(plan, chunk)[..., :D])
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, T, D)

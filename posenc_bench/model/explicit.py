@@ -42,7 +42,8 @@ def parts_attention(plan: AttentionPlan, c: Chunk) -> torch.Tensor:
     sum_p exp(lse_p - m) out_p / sum_p exp(lse_p - m), m the largest lse."""
     q_pos, k_pos = plan.chunk_positions(c.i)
     outs, lses = [], []
-    for qp, kp, first, pairs in plan.encoding.attention_parts(c.q, c.k, q_pos, k_pos):
+    encoding = plan.encoding if c.encoding is None else c.encoding  # the layer's view (Encoding.for_layer)
+    for qp, kp, first, pairs in encoding.attention_parts(c.q, c.k, q_pos, k_pos):
         n = kp.shape[-2]
         part_mask = c.mask[..., first:first + n].masked_fill(~pairs, float("-inf"))  # (1, H or 1, q, n)
         out, lse = attention_lse(qp, kp, c.v[..., first:first + n, :], part_mask, c.scale)
@@ -62,5 +63,6 @@ def explicit_attention(plan: AttentionPlan, c: Chunk) -> torch.Tensor:
     """softmax(encoding.attention_logits(...)) @ v for chunk ``c``: q (B, H, q, D), k, v (B, H, k, D), the mask
     holding the causal/window/sink set and any bias."""
     q_pos, k_pos = plan.chunk_positions(c.i)
-    logits = plan.encoding.attention_logits(c.q, c.k, q_pos, k_pos, c.mask, c.scale)  # (B, H, q, k), -inf: unseen
+    encoding = plan.encoding if c.encoding is None else c.encoding  # the layer's view (Encoding.for_layer)
+    logits = encoding.attention_logits(c.q, c.k, q_pos, k_pos, c.mask, c.scale)  # (B, H, q, k), -inf: unseen
     return torch.softmax(logits.float(), dim=-1).to(c.v.dtype) @ c.v

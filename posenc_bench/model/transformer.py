@@ -119,8 +119,8 @@ class DecoderLM(nn.Module):
         pos = self.encoding.positions(B, T, idx.device)  # (T,) 0 .. T-1, or (B, T) per sequence (+rand training)
         x = self.encoding.embed(self.tok_emb(idx), pos)  # (B, T, C)
         plan = AttentionPlan(self.encoding, pos, self.window, self.max_mask_bytes, batch=B)
-        for block in self.blocks:
-            x = block(x, self.encoding, plan)
+        for i, block in enumerate(self.blocks):
+            x = block(x, self.encoding.for_layer(i), plan)
         return self.lm_head(self.ln_f(x))
 
 
@@ -129,7 +129,8 @@ def build_encoding(cfg: ModelConfig, encoding: str, train_len: int) -> encodings
     trained_as = encodings.get_class(encoding).trained_as
     options = {**cfg.encoding_options.get(trained_as, {}), **cfg.encoding_options.get(encoding, {})}
     try:
-        return encodings.build(encoding, d_model=cfg.d_model, n_heads=cfg.n_heads, train_len=train_len, options=options)
+        return encodings.build(encoding, d_model=cfg.d_model, n_heads=cfg.n_heads, train_len=train_len,
+                               n_layers=cfg.n_layers, options=options)
     except ConfigError:
         raise
     except ValueError as e:  # an encoding's own shape check, e.g. RoPE on an odd head dimension

@@ -35,6 +35,12 @@ def test_shipped_configs_load():
         assert cfg.eval_lengths()[0] == cfg.train.train_len
 
 
+def test_the_headline_config_scores_windows_inside_documents_and_the_others_the_stream():
+    assert load_config("sotu-512").eval.windows == "documents"
+    for name in ("default", "ci", "long-2048", "full"):
+        assert load_config(name).eval.windows == "stream"
+
+
 def test_default_yaml_equals_built_in_defaults():
     assert load_config("configs/default.yaml").to_dict() == {**RunConfig().to_dict(), "out": "results/default"}
 
@@ -108,6 +114,9 @@ def test_config_header_is_the_leading_comment(tmp_path):
     ({"model.encoding_options": {"t5": {"num_buckets": 1}}}, "num_buckets >= 2"),
     ({"model.encoding_options": {"t5": {"num_buckets": 32, "max_distance": 10}}}, "max_distance > num_buckets"),
     ({"model.encoding_options": {"rope": {"theta": "lots"}}}, "must be a number"),
+    ({"eval.windows": "docs"}, "eval.windows 'docs' is not a choice; valid: stream, documents"),
+    ({"encodings": ["rope+rand"], "model.encoding_options": {"rope+rand": {"eval_positions": "sorted"}}},
+     "eval_positions must be one of random, ordered"),
 ])
 def test_values_that_would_crash_later_are_refused_up_front(overrides, match):
     with pytest.raises(ConfigError, match=match):

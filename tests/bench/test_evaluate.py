@@ -1,12 +1,16 @@
 """The evaluation protocol (bench/evaluate.py): the same targets at every length and stride, token-weighted ppl
-against hand computations and transformers, loss by position, resampling units, documents per window."""
+against hand computations and transformers, loss by position, resampling units, documents per window, the
+run-wide index of each window, windows bounded by documents and the documents a run scores."""
 
 import math
 
 import pytest
 import torch
 
-from posenc_bench.bench.evaluate import Scoring, documents_per_window, evaluate_length, segment_length, windows
+from posenc_bench.bench.config import RunConfig
+from posenc_bench.bench.evaluate import (EvalSet, Scoring, documents_per_window, evaluate_length, logits_nll, score_windows,
+                                         segment_length, stream_documents, windows)
+from posenc_bench.data import BOS, Corpus
 
 
 def segments(n=3, S=24, seed=0):
@@ -149,3 +153,61 @@ def test_documents_per_window_counts_what_each_window_spans():
     assert documents_per_window(doc, 8) == 3.0  # inputs are tokens 0..7: documents 0, 1, 2
     assert documents_per_window(doc, 4) == pytest.approx((2 + 2) / 2)  # [0,0,0,1], [1,2,2,2]
     assert documents_per_window(doc, 2) == pytest.approx((1 + 2 + 2 + 1) / 4)
+
+
+@pytest.mark.parametrize("stride", [None, 3])
+def test_each_window_gets_a_run_wide_index_whatever_the_batch_size(stride):
+    """The index ``on_windows`` hears before each forward is the flattened position of the window's first input
+    token: the same for the same window at any batch size, and None again after every forward."""
+    seg = segments(n=5)
+    heard, inputs = [], []
+
+    def forward(x):
+        inputs.append(x)
+        return torch.zeros(*x.shape, 257)
+
+    for batch_tokens in (8, 24, 1000):
+        calls = []
+        score_windows(logits_nll(forward), seg, 8, Scoring(batch_tokens=batch_tokens, stride=stride),
+                      on_windows=calls.append)
+        assert calls[1::2] == [None] * (len(calls) // 2) and all(c is not None for c in calls[::2])
+        ids = torch.cat(calls[::2])
+        assert torch.equal(seg.flatten()[ids], torch.cat([x[:, 0] for x in inputs]))  # each window's first token
+        assert ids.unique().numel() == ids.numel()
+        heard.append(sorted(ids.tolist()))
+        inputs.clear()
+    assert heard[0] == heard[1] == heard[2]
+
+
+def eval_config(windows, tokens=64):
+    cfg = RunConfig()
+    cfg.train.train_len, cfg.eval.lens, cfg.eval.tokens, cfg.eval.windows = 8, ["1x", "2x"], tokens, windows
+    return cfg  # S = 16
+
+
+def lettered_corpus():
+    """Documents of one repeated letter each (a: 10 bytes, too short for a segment of 16; b: 40; c: 70; d: 33)."""
+    docs = [(name, name.encode() * n) for name, n in (("a", 10), ("b", 40), ("c", 70), ("d", 33))]
+    return Corpus("test", {"train": [], "valid": [], "test": docs}, "fp")
+
+
+def test_the_document_bounded_windows_never_cross_a_boundary():
+    evalset = EvalSet.for_run(eval_config("documents"), lettered_corpus())
+    assert evalset.segments.shape == (4, 17) and evalset.skipped == 1
+    assert evalset.documents == {"b": 16, "c": 32, "d": 16}  # every long document; c (the partial round's) twice
+    assert evalset.meta() == {"eval_documents": {"b": 16, "c": 32, "d": 16}, "eval_documents_skipped": 1}
+    for length in evalset.lengths:
+        for inputs, targets, _ in windows(evalset.segments, length):
+            for row in torch.cat((inputs, targets), 1):
+                assert len(set(row[row != BOS].tolist())) == 1  # one document's letter
+                assert (row[1:] != BOS).all()  # a document start only as a window's first token
+    stream = EvalSet.for_run(eval_config("stream"), lettered_corpus())  # the stream's windows do cross
+    crossing = [row for inputs, _, _ in windows(stream.segments, 16) for row in inputs
+                if len(set(row.tolist()) - {BOS}) > 1]
+    assert crossing and stream.skipped is None and stream.meta() == {"eval_documents": {"a": 10, "b": 41, "c": 13}}
+
+
+def test_stream_documents_count_the_targets_of_each_document():
+    docs = [("a", torch.zeros(5)), ("b", torch.zeros(3)), ("c", torch.zeros(10))]  # stream tokens 0-4, 5-7, 8-17
+    assert stream_documents(docs, 8) == {"a": 4, "b": 3, "c": 1}  # targets are tokens 1 .. 8
+    assert stream_documents(docs, 17) == {"a": 4, "b": 3, "c": 10}

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from posenc_bench.bench.config import config_from_dict, load_config
-from posenc_bench.bench.keys import Keys, cell_key, eval_key, finetune_key, hf_eval_key, model_key
+from posenc_bench.bench.keys import Keys, cell_key, eval_key, finetune_key, hf_eval_key, model_key, row_eval_options
 from posenc_bench.bench.records import read_results
 from posenc_bench.bench.rows import Row
 
@@ -80,3 +80,25 @@ def test_a_hugging_face_eval_key_holds_the_weights_the_text_and_the_scoring():
     for field, value in [("model", {"ref": "m", "file_sha256": "b"}), ("unit", 64), ("doc_sep", None),
                          ("eval_fingerprint", "f"), ("lengths", [64, 256])]:
         assert hf_eval_key(**{**base, field: value}) != key, field
+
+
+def test_document_bounded_windows_change_the_eval_key_and_the_stream_keeps_the_old_one():
+    cfg = load_config("configs/ci.yaml")
+    assert eval_key(cfg) == eval_key(load_config("configs/ci.yaml", {"eval.windows": "stream"}))
+    assert eval_key(cfg) != eval_key(load_config("configs/ci.yaml", {"eval.windows": "documents"}))
+
+
+def test_rand_eval_positions_enter_the_eval_key_and_never_the_weights_key():
+    cfg = load_config("configs/ci.yaml", {"encodings": ["rope", "rope+rand"]})
+    ordered = load_config("configs/ci.yaml", {"encodings": ["rope", "rope+rand"], "model.encoding_options": {
+        "rope+rand": {"eval_positions": "ordered"}}})
+    seeded = load_config("configs/ci.yaml", {"encodings": ["rope", "rope+rand"], "model.encoding_options": {
+        "rope+rand": {"eval_seed": 1}}})
+    rand = Row("rope+rand")
+    assert cell_key(cfg, rand, 0, "fp") == cell_key(ordered, rand, 0, "fp") == cell_key(seeded, rand, 0, "fp")
+    assert len({eval_key(cfg, rand), eval_key(ordered, rand), eval_key(seeded, rand)}) == 3
+    assert eval_key(ordered, rand) == eval_key(cfg)  # at 0 .. L-1: the key +rand rows were evaluated with before
+    assert eval_key(cfg, Row("rope")) == eval_key(seeded, Row("rope")) == eval_key(cfg)  # other rows: as they were
+    assert eval_key(cfg, Row("rope+rand+sink2+sw8")) == eval_key(cfg)  # sinks: the cache's positions, 0 .. L-1
+    assert row_eval_options({}, rand) == {"eval_positions": "random", "eval_seed": 0}
+    assert row_eval_options({"rope": {"theta": 1.0}}, Row("rope")) == {}

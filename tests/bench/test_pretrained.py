@@ -93,7 +93,11 @@ def test_own_checkpoint_gives_the_numbers_run_wrote(tmp_path):
     out = tmp_path / "eval"
     assert main(["eval", "--model", str(run_out / "checkpoints" / "rope-seed0"), "--rope-scaling",
                  "linear,yarn,rerope,selfextend,sink2+sw30", "--out", str(out), "--progress", "off"]) == 0
-    got = json.loads((out / "results.json").read_text())["records"]
+    evaluated = json.loads((out / "results.json").read_text())
+    got = evaluated["records"]
+    # the documents scored, as run records them
+    assert evaluated["run"]["eval_documents"] == json.loads((run_out / "results.json").read_text())["run"]["eval_documents"]
+    assert sum(evaluated["run"]["eval_documents"].values()) == got[0]["tokens"]
     by_row = {}
     for r in got:
         by_row.setdefault(r["encoding"], {})[r["eval_len"]] = r
@@ -101,7 +105,7 @@ def test_own_checkpoint_gives_the_numbers_run_wrote(tmp_path):
     # the zero-shot fixes: plain rope where they change nothing (Self-Extend and sinks at 1x), their own rule past it
     for row in ("rope-selfextend", "rope+sink2+sw30"):
         assert by_row[row][32]["ppl"] == by_row["rope"][32]["ppl"] and by_row[row][64]["ppl"] != by_row["rope"][64]["ppl"]
-    assert by_row["rope-rerope"][32]["ppl"] != by_row["rope"][32]["ppl"]  # w = 16 < 32: clipped at 1x already
+    assert by_row["rope-rerope"][32]["ppl"] != by_row["rope"][32]["ppl"]  # w = 4 < 32: clipped at 1x already
     for r in ran:
         mine = by_row["rope"][r["eval_len"]]
         assert (mine["ppl"], mine["bpb"], mine["tokens"], mine["eval_fingerprint"]) == (

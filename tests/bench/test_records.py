@@ -61,6 +61,21 @@ def test_one_builder_for_our_models_records_keys_training_and_the_protocol():
     assert score(rec, lambda: pytest.fail("a diverged model is not evaluated")) is rec
 
 
+def test_a_rand_record_says_how_its_positions_were_evaluated_and_results_that_differ_are_told_apart():
+    config = RunConfig().to_dict()
+    rec = model_record(RUN, Row("rope+rand"), 0, 64, keys={}, meta=META, config=config)
+    assert rec["eval_options"] == {"eval_positions": "random", "eval_seed": 0}
+    assert "eval_options" not in model_record(RUN, Row("rope"), 0, 64, keys={}, meta=META, config=config)
+    config = RunConfig().to_dict()
+    config["model"]["encoding_options"] = {"rope+rand": {"eval_positions": "ordered"}}
+    ordered = model_record(RUN, Row("rope+rand"), 0, 64, keys={}, meta=META, config=config)
+    assert "eval_options" not in ordered  # at 0 .. L-1, as +rand rows were evaluated before the option existed
+    before = {"encoding": "rope+rand", "config": RunConfig().to_dict()}
+    assert differences(RUN, RUN, [before], [rec]) == [("rope+rand: eval_options.eval_positions", None, "random"),
+                                                      ("rope+rand: eval_options.eval_seed", None, 0)]
+    assert differences(RUN, RUN, [before], [{**ordered, "config": RunConfig().to_dict()}]) == []  # the same numbers
+
+
 def test_score_measures_or_records_why_not():
     config = RunConfig().to_dict()
     rec = model_record(RUN, Row("rope"), 0, 64, keys={}, meta=META, config=config)

@@ -1,9 +1,11 @@
-"""FIRE: b(i, j) = f(psi(i - j) / psi(max(L, i))), psi(x) = log(c x + 1), entry by entry; the paper's defaults."""
+"""FIRE: b(i, j) = f(psi(i - j) / psi(max(L, i))), psi(x) = log(c x + 1), entry by entry; the authors' defaults,
+and the whole bias against the reference code in float64."""
 
 import math
 
 import pytest
 import torch
+from torch.testing import assert_close
 
 from posenc_bench import encodings
 
@@ -13,19 +15,125 @@ def build(**options):
     return encodings.build("fire", d_model=16, n_heads=2, train_len=64, options=options)
 
 
+class ReferenceFIRE(torch.nn.Module):
+    """The reference, transcribed from mcleish7/arithmetic, cramming/architectures/embeddings.py, class FIRE
+    (lines 419-480, commit 86022a5). One change: ``dtype`` replaces the ``torch.float`` of line 464 (float32
+    positions would keep c * distances in float32: a 0-dim float64 c does not promote them)."""
+
+    def __init__(self, num_heads=12, mlp_width=32, init_c=0.1, init_L=512.0, eps=1e-6, max_length=0,
+                 dtype=torch.float):
+        super().__init__()
+        self.max_length = max_length  # using random PE
+        self.dtype = dtype
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(1, mlp_width), torch.nn.ReLU(), torch.nn.Linear(mlp_width, num_heads))
+        self.c = torch.nn.Parameter(torch.tensor(init_c))
+        self.init_L = torch.nn.Parameter(torch.tensor(init_L), requires_grad=False)
+        self.L_multiplier = torch.nn.Parameter(torch.tensor(1.0))  # learn a multiplier to L
+        self.eps = eps
+
+    def forward(self, seq_length, device):
+        if (seq_length > self.max_length) or (not self.training):
+            max_length = seq_length
+        else:
+            max_length = self.max_length
+        positions = torch.sort(torch.randperm(max_length, dtype=self.dtype, device=device)[:seq_length]).values
+        relative_distances = positions[:, None] - positions[None, :]
+        threshold = torch.abs(self.L_multiplier * self.init_L)
+        position_normalizer = torch.max(positions, threshold)[:, None]
+        relative_distances = torch.log(torch.abs(self.c * relative_distances) + 1)
+        position_normalizer = torch.log(torch.abs(self.c * position_normalizer) + 1)
+        normalized_distances = relative_distances / (position_normalizer + self.eps)
+        fire_bias = self.mlp(normalized_distances.unsqueeze(-1)).unsqueeze(0)
+        fire_bias = fire_bias.permute(0, 3, 1, 2)
+        return fire_bias
+
+
+def twin(enc, max_length=0):
+    """The reference in float64 with ``enc``'s parameters (``enc`` is moved to float64 too)."""
+    enc.double()
+    ref = ReferenceFIRE(num_heads=enc.mlp[2].out_features, mlp_width=enc.mlp[0].out_features,
+                        max_length=max_length, dtype=torch.float64).double()
+    ref.mlp.load_state_dict(enc.mlp.state_dict())
+    with torch.no_grad():
+        ref.c.copy_(enc.c), ref.init_L.copy_(enc.threshold_init), ref.L_multiplier.copy_(enc.threshold_multiplier)
+    return ref
+
+
+def reference_bias(ref, seq_length, seed):
+    """The reference's bias and the positions it drew (its randperm replayed from the same seed)."""
+    torch.manual_seed(seed)
+    bias = ref(seq_length, "cpu")
+    torch.manual_seed(seed)
+    max_length = ref.max_length if ref.training and seq_length <= ref.max_length else seq_length
+    positions = torch.sort(torch.randperm(max_length, dtype=torch.float64)[:seq_length]).values
+    return bias, positions.long()
+
+
+TIGHT = dict(rtol=1e-12, atol=1e-13)
+
+
+def test_defaults_are_the_reference_codes():
+    """embeddings.py line 420: mlp_width=32, init_c=0.1, init_L=512.0, eps=1e-6; L_multiplier 1 (line 442)."""
+    from posenc_bench.encodings import fire
+
+    enc = build()
+    ref = ReferenceFIRE(num_heads=2)
+    assert enc.mlp[0].out_features == ref.mlp[0].out_features == 32
+    assert isinstance(enc.mlp[1], torch.nn.ReLU) and len(enc.mlp) == 3
+    assert enc.c.item() == ref.c.item() and enc.c.requires_grad  # 0.1 in float32, learned
+    assert enc.threshold_init.item() == ref.init_L.item() == 512.0 and not enc.threshold_init.requires_grad
+    assert enc.threshold_multiplier.item() == ref.L_multiplier.item() == 1.0 and enc.threshold_multiplier.requires_grad
+    assert enc.threshold().item() == 512.0  # a number of tokens, whatever the train length
+    assert fire.EPS == ref.eps == 1e-6
+    assert build(threshold=100.0).threshold().item() == 100.0
+    assert build(threshold=0).threshold().item() == 16.0  # the earlier default: train length / 4
+
+
+@pytest.mark.parametrize("length", [5, 64, 200])
+def test_bias_equals_the_reference_code_on_the_arange_in_float64(length):
+    """Defaults, positions 0 .. T-1 (the reference in eval mode): every (h, i, j), future keys included."""
+    enc = build()
+    with torch.no_grad():  # trained-looking weights
+        for p in enc.mlp.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    ref = twin(enc).eval()
+    want, pos = reference_bias(ref, length, seed=0)
+    assert torch.equal(pos, torch.arange(length))
+    got = enc.bias(pos, pos)
+    assert got.dtype == torch.float64 and got.shape == want.shape == (1, 2, length, length)
+    assert_close(got, want, **TIGHT)
+
+
+@pytest.mark.parametrize("c, threshold, multiplier", [(0.3, 10.0, 1.0), (-0.2, 40.0, -1.7), (0.05, 512.0, 0.25)])
+def test_bias_equals_the_reference_code_at_non_default_c_and_L_past_the_train_length(c, threshold, multiplier):
+    """Sorted random positions up to 3000 (the reference's own randomised mode, training with max_length), far
+    past the train length (64) and past L; a negative c and a negative multiplier (both enter through |.|)."""
+    enc = build(threshold=threshold, c_init=0.3)
+    with torch.no_grad():
+        enc.c.fill_(c), enc.threshold_multiplier.fill_(multiplier)
+    ref = twin(enc, max_length=3000).train()
+    for seed in (1, 2):
+        want, pos = reference_bias(ref, 150, seed)
+        assert pos.max() > 512 and pos.max() > enc.threshold().item()
+        assert_close(enc.bias(pos, pos), want, **TIGHT)
+        assert_close(enc.bias(pos[100:], pos), want[:, :, 100:], **TIGHT)  # a block of query rows
+
+
+def test_batched_positions_equal_the_reference_per_sequence_in_float64():
+    enc = build(threshold=30.0)
+    ref = twin(enc, max_length=1000).train()
+    (want0, pos0), (want1, pos1) = reference_bias(ref, 40, 3), reference_bias(ref, 40, 4)
+    got = enc.bias(torch.stack([pos0, pos1]), torch.stack([pos0, pos1]))
+    assert got.shape == (2, 2, 40, 40)
+    assert_close(got, torch.cat([want0, want1]), **TIGHT)
+
+
 def mlp_by_hand(enc, u):
     """f_theta(u) for a scalar u: Linear(1, width) -> ReLU -> Linear(width, H), written out."""
     w1, b1 = enc.mlp[0].weight[:, 0].tolist(), enc.mlp[0].bias.tolist()
     w2, b2 = enc.mlp[2].weight.tolist(), enc.mlp[2].bias.tolist()
     hidden = [max(0.0, a * u + b) for a, b in zip(w1, b1)]
     return [sum(w * x for w, x in zip(row, hidden)) + b for row, b in zip(w2, b2)]
-
-
-def test_defaults_are_the_papers():
-    enc = build()
-    assert enc.mlp[0].out_features == 32 and enc.c.item() == pytest.approx(0.1)
-    assert enc.threshold().item() == 16.0  # L_init = train length / 4 (512 at the paper's 2048)
-    assert build(threshold=100.0).threshold().item() == 100.0
 
 
 def test_bias_is_the_papers_formula_entry_by_entry():
@@ -48,6 +156,7 @@ def test_normalised_distance_stays_in_unit_interval_at_any_length():
     pos = torch.arange(2000)
     u = enc.normalized_distance(pos[-8:], pos)
     assert u.min() >= 0 and u.max() <= 1
+    assert enc.normalized_distance(pos[:3], pos[:3])[0, 2] > 0  # a future key: psi(|i - j|), as the reference
 
 
 def test_row_blocks_equal_one_call_and_batched_positions():

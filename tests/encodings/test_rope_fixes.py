@@ -128,14 +128,35 @@ def test_selfextend_group_for_is_the_authors_rule():
     assert fixed.group_for(512) == 7 and fixed.group == 7
 
 
-def test_defaults():
-    assert build("rope-rerope", train_len=32).window == 16
+def test_defaults_are_the_authors_ratios():
+    # ReRoPE and Leaky ReRoPE: w = 512 of 4096 in the author's code, an eighth of the train length
+    assert build("rope-rerope", train_len=4096).window == 512
+    assert build("rope-rerope", train_len=32).window == 4
+    assert build("rope-rerope", train_len=4).window == 1  # never 0
     leaky = build("rope-leaky", train_len=32)
-    assert leaky.window == 16 and leaky.slope == 16.0
+    assert leaky.window == 4 and leaky.slope == 16.0
     se = build("rope-selfextend", train_len=32)
     assert se.neighbor_window == 8
     for name in ("rope-rerope", "rope-leaky", "rope-selfextend"):
         assert encodings.get_class(name).trained_as == "rope", name
+
+
+def test_the_former_default_window_is_an_option_value():
+    old = build("rope-rerope", train_len=32, window=16)  # half the train length, the default before
+    assert old.window == 16 and old.active_from() == 16
+    assert build("rope-leaky", train_len=32, window=16).window == 16
+
+
+@pytest.mark.parametrize("name", ["rope-rerope", "rope-leaky"])
+def test_the_default_window_rule_is_part_of_the_eval_options(name):
+    """Eval-only rows: the trained rope weights are the same (no key_options), but numbers made with the
+    former default window must not be reused, so the default's rule goes into the eval key."""
+    cls = encodings.get_class(name)
+    assert cls.key_options(32, {}) == {}
+    assert cls.eval_options({}) == {"default_window": "train length / 8"}
+    assert cls.eval_options({"window": 0}) == cls.eval_options({})
+    assert cls.eval_options({"window": 16}) == {}  # an explicit window is in the row's own options already
+    assert encodings.get_class("rope-selfextend").eval_options({}) == {}  # its defaults did not change
 
 
 def _models(row, cfg, train_len=32):
@@ -149,14 +170,14 @@ def _models(row, cfg, train_len=32):
     return rope, fixed
 
 
-@pytest.mark.parametrize("row,same_up_to,differs_at", [("rope-rerope", 16, 32), ("rope-leaky", 16, 32),
+@pytest.mark.parametrize("row,same_up_to,differs_at", [("rope-rerope", 4, 32), ("rope-leaky", 4, 32),
                                                        ("rope-selfextend", 32, 48)])
 def test_plain_rope_bitwise_at_and_below_the_activation_length(row, same_up_to, differs_at):
-    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=2)
+    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=2)  # train length 32: ReRoPE's w = 4, Self-Extend's L = 32
     rope, fixed = _models(row, cfg)
     x = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        for T in (1, 7, same_up_to // 2, same_up_to):
+        for T in sorted({1, min(7, same_up_to), same_up_to // 2, same_up_to}):
             rope.encoding.set_eval_length(T)
             fixed.encoding.set_eval_length(T)
             assert not fixed.encoding.has_attention_logits, T
@@ -194,7 +215,7 @@ def reference_forward(model, idx, positions):
 
 
 WHOLE = [
-    ("rope-rerope", {}, lambda i, j: rerope_positions(i, j, 16)),
+    ("rope-rerope", {}, lambda i, j: rerope_positions(i, j, 4)),  # the default w: train length 32 / 8
     ("rope-rerope", {"window": 6}, lambda i, j: rerope_positions(i, j, 6)),
     ("rope-leaky", {"window": 8, "slope": 3.0}, lambda i, j: leaky_positions(i, j, 8, 3.0)),
     # T = 48, L = 32, W = 8: the authors' rule gives G = ceil(40 / 24) = 2

@@ -1,5 +1,6 @@
 """RoPE scalings on the trained rope model: each one's frequencies are transformers' for the same config."""
 
+import inspect
 import math
 
 import pytest
@@ -191,3 +192,63 @@ def test_the_table_is_the_one_source_of_the_scalings():
     enc.set_eval_length(4 * T)
     assert torch.equal(enc.inv_freq, hf_rotary("llama3", factor=4.0, original_max_position_embeddings=T,
                                                 **LLAMA3_FREQ_FACTORS).inv_freq)
+
+
+def test_yarn_defaults_are_the_authors_parameters_and_each_is_an_option():
+    from posenc_bench.encodings.rope_scaling import YARN_PARAMETERS
+
+    assert YARN_PARAMETERS == {"beta_fast": 32.0, "beta_slow": 1.0, "temperature_coef": 0.1}  # Peng et al.
+    for name in ("rope-yarn", "rope-yarn-ft"):
+        params = inspect.signature(encodings.get_class(name).__init__).parameters
+        assert {k: params[k].default for k in YARN_PARAMETERS} == YARN_PARAMETERS, name
+        assert build(name).parameters == YARN_PARAMETERS
+    for name in ("rope-linear", "rope-llama3-ft", "rope-dynamic"):  # the other rows take none of them
+        assert "beta_fast" not in inspect.signature(encodings.get_class(name).__init__).parameters
+        with pytest.raises(ConfigError, match="beta_fast"):
+            build(name, beta_fast=16.0)
+
+
+@pytest.mark.parametrize("options", [{}, {"beta_fast": 16.0}, {"beta_slow": 2.0, "beta_fast": 8.0}])
+@pytest.mark.parametrize("length", [128, 256])
+def test_yarn_ramp_options_give_transformers_frequencies_for_those_parameters(options, length):
+    enc = build("rope-yarn", **options)
+    enc.set_eval_length(length)
+    hf = hf_rotary("yarn", factor=length / T, original_max_position_embeddings=T, **options)
+    assert torch.equal(enc.inv_freq, hf.inv_freq) and enc.attention_scale == hf.attention_scaling
+
+
+@pytest.mark.parametrize("coef", [0.0, 0.1, 0.25])
+def test_yarn_temperature_coefficient_sets_the_attention_scale(coef):
+    enc = build("rope-yarn", temperature_coef=coef)
+    enc.set_eval_length(4 * T)
+    assert enc.attention_scale == pytest.approx(coef * math.log(4) + 1)
+    enc.set_eval_length(T)
+    assert enc.attention_scale == 1.0  # plain rope at 1x
+
+
+def test_yarn_ramp_regions_for_our_head_size_at_train_length_512():
+    """head_dim 32, theta 10000, L = 512: beta_fast = 32 rotations falls at pair 1.62 (floor 1), beta_slow = 1
+    at pair 7.64 (ceil 8): pairs 0-1 keep their frequency, 8-15 are divided by s, 2-7 blend (the notes)."""
+    enc = encodings.build("rope-yarn", d_model=128, n_heads=4, train_len=512)
+    enc.set_eval_length(4 * 512)
+    base, _ = default_inv_freq(32)
+    ratio = (enc.inv_freq / base).double()  # 1: extrapolated, 1/s: interpolated
+    assert torch.allclose(ratio[:2], torch.ones(2, dtype=torch.float64), rtol=1e-6)
+    assert torch.allclose(ratio[8:], torch.full((8,), 0.25, dtype=torch.float64), rtol=1e-6)
+    assert ((ratio[2:8] < 1) & (ratio[2:8] > 0.25)).all() and (ratio[2:8].diff() < 0).all()
+
+
+@pytest.mark.parametrize("options,value", [({"beta_fast": 1.0}, "beta_fast=1.0"), ({"beta_slow": 0.0}, "beta_slow=0.0"),
+                                           ({"temperature_coef": -0.1}, "-0.1")])
+def test_bad_yarn_parameters_are_refused_naming_them(options, value):
+    with pytest.raises(ValueError, match=value):
+        build("rope-yarn", **options)
+
+
+def test_yarn_options_change_the_numbers_not_the_trained_model():
+    cfg = load_config(None, {"encodings": ["rope", "rope-yarn"],
+                             "model.encoding_options": {"rope-yarn": {"beta_fast": 16}}})
+    plain = RunConfig()
+    assert cell_key(cfg, Row("rope"), 0, "fp") == cell_key(plain, Row("rope"), 0, "fp")
+    assert eval_key(cfg, Row("rope-yarn")) != eval_key(plain, Row("rope-yarn"))
+    assert encodings.get_class("rope-yarn").key_options(T, {"beta_fast": 16}) == {}

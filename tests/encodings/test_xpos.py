@@ -61,3 +61,11 @@ def test_bca_is_xpos_up_to_the_train_length_and_blockwise_past_it():
         assert torch.allclose(bca(y)[:, 40:48], out[:, 40:48], atol=1e-5)
         assert not torch.allclose(bca(y)[:, 39], out[:, 39])  # block 4 (32..39) sees block 3 (24..31)
     assert bca.encoding.attention_block(64) == 8 and bca.encoding.attention_block(16) is None
+
+
+def test_bca_block_is_the_papers_half_of_the_train_length_and_an_option():
+    """Sun et al. 2023, sec. 3.3: pre-training length l, blocks of l/2 (their l = 1024: blocks of 512)."""
+    build = lambda L, **o: encodings.build("xpos+bca", d_model=32, n_heads=4, train_len=L, options=o)  # noqa: E731
+    assert build(1024).block == 512 and build(512).block == 256 and build(1).block == 1
+    assert build(512, block=64).attention_block(1024) == 64
+    assert encodings.get_class("xpos+bca").key_options(512, {"block": 64}) == {}  # eval-only: the xpos weights

@@ -134,7 +134,7 @@ def test_plain_rope_rule_decides_when_a_row_reuses_the_models_numbers(model):
         assert hf_attention.is_plain_rope(se, L) is plain
     rr = build("rope-rerope", TRAIN)
     rr.set_eval_length(TRAIN)
-    assert not hf_attention.is_plain_rope(rr, TRAIN)  # ReRoPE clips distances from w = L/2 on, at 1x too
+    assert not hf_attention.is_plain_rope(rr, TRAIN)  # ReRoPE clips distances from w = L/8 on, at 1x too
     ntk = build("rope-ntk", TRAIN)
     ntk.set_eval_length(TRAIN)
     assert hf_attention.is_plain_rope(ntk, TRAIN)

@@ -70,7 +70,7 @@ def test_the_path_is_a_pure_function_of_capabilities_and_facts(flags, facts, pat
     ("t5", None, 600, False, "mask"),
     ("cope", None, 64, False, "logits"),
     ("rope-rerope", None, 64, False, "parts"),
-    ("rope-rerope", None, 16, False, "fused"),  # within its w = 16: plain rope
+    ("rope-rerope", None, 4, False, "fused"),  # within its w = 4 (train length 32 / 8): plain rope
     ("xpos+bca", None, 64, False, "mask"),  # blocks past the train length
     ("xpos+bca", None, 32, False, "fused"),
     ("rope+sink4+sw8", None, 64, False, "sinks"),
