@@ -1,39 +1,53 @@
-"""Intervals from the per-unit numbers of results files: a paired two-level bootstrap.
+"""Intervals from the per-unit numbers of results files: a seed level valid for few seeds, a text level for one.
 
 Every record of a run keeps, for each resampling unit (a block of consecutive targets, the run's longest eval
 length long, see ``bench/evaluate.py``), the NLL sum, target count and byte count. A unit is the same text at
-every length and for every row, so one bootstrap draw picks a multiset of units (the same for every row and
-length: comparisons stay paired) and, with several seeds, a multiset of training seeds (the same seed numbers
-for every row: seed s of two rows saw the same batches in the same order). Each draw recomputes every
-statistic exactly as the table does (ppl = exp(sum NLL / targets) per seed, then the mean over seeds), and
-the interval is the percentile interval of the draws.
+every length and for every row, so one bootstrap draw of the text picks a multiset of units, the same for
+every row, seed and length: comparisons stay paired. Each draw recomputes each seed's statistic exactly as the
+table does (ppl = exp(sum NLL / targets), or a ratio of two of them).
 
-What it covers: the sampling of the eval text (units) and, with two or more seeds, of the training seed. What
-it does not: units of one segment are consecutive text, so neighbours are mildly dependent, and at a length
-that does not divide the unit (1.5x) a window spans two units and the second one's first targets see the
-first one's text. Both make the interval a little narrow; the unit is as long as the longest window so that at
-the longest length each unit is its own window and no unit's context reaches into another.
+A statistic (a row's ppl, or the paired ratio of two rows at one length) has one value per training seed.
 
-With fewer than ``MIN_SEEDS`` seeds the interval between two different trained models covers the text only:
-another seed can move a model by more than that, so such comparisons carry no significance mark. Rows that
-evaluate the same trained model (a zero-shot scaling against its base) differ only through the text, and may
-be compared with one seed.
+- **Seed level** (two or more seeds with a number in both rows): what the table claims is about the recipe,
+  and the seeds are the samples. The interval is the mean over the k per-seed values +- h, where h combines
+  the seeds' t half-width, t(k - 1) * s / sqrt(k), with the text's, z * the sd of the seed mean over the text
+  bootstrap: h^2 = h_seed^2 + h_text^2. The text is shared by every seed, so s does not see it. Each part is
+  exact when it dominates; in between, h is at least what is needed (it covers 95-98% at 3 seeds with a
+  nominal 95%, where Welch-Satterthwaite's t over s^2 / k + var_text covers 92%). A percentile bootstrap over
+  3 seeds gives about [worst seed, best seed], which covers the truth far less often than its level says
+  (``tests/analysis/test_coverage.py`` measures both on simulated results with a known answer). A scaling or
+  fix against its base over every seed of the base (each seed's own base checkpoint) is such a comparison.
+- **Checkpoint level** (one seed in common): the percentile interval of the text bootstrap. It describes these
+  trained models on this population of text and nothing else: another seed of the same recipe can move them by
+  more than the text does. Tables, findings and figures say "this checkpoint" wherever it is used.
+
+A difference counts only when its interval excludes 1 and its point estimate is at least ``MIN_EFFECT`` from
+it: a path that differs from another by float rounding, consistently over every unit, is not a finding.
+
+What the text level does not cover: units of one segment are consecutive text, so neighbours are mildly
+dependent, and at a length that does not divide the unit (1.5x) a window spans two units and the second one's
+first targets see the first one's text. Both make it a little narrow; the unit is as long as the longest
+window so that at the longest length each unit is its own window and no unit's context reaches into another.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Iterable, Optional
 
 import numpy as np
 
 CI = 0.95  # default level
-DRAWS = 2000  # bootstrap draws: the percentile bounds move by well under a tenth of the width between seeds
+DRAWS = 2000  # text bootstrap draws: the bounds move by well under a tenth of the width between bootstrap seeds
 SEED = 0  # the bootstrap's own seed: the same results give the same intervals
-MIN_SEEDS = 3  # seeds needed before two different trained models are compared
+MIN_SEEDS = 2  # seeds in common for a seed-level (method) interval; with fewer it is about this checkpoint
+MIN_EFFECT = 0.001  # a relative difference below this is never marked, whatever its interval
 MIN_WINDOWS = 30  # below this many independent windows at a length, the table says so
 VALUES = ("ppl", "bpb", "ratio")
+METHOD, CHECKPOINT = "method", "this checkpoint"  # the two levels of a comparison
 
 
 @dataclass(frozen=True)
@@ -48,15 +62,17 @@ class Interval:
 
 @dataclass(frozen=True)
 class Comparison:
-    """``row`` / ``ref`` of one value at one length, paired: ``kind`` is "paired" (text and seeds, or the same
-    trained model), "text-only" (different trained models, too few seeds: no significance claimed)."""
+    """``row`` / ``ref`` of one value at one length, paired by seed and text. ``level`` is METHOD (seed level:
+    a claim about the recipe) or CHECKPOINT (one seed in common: a claim about these trained models only)."""
 
     interval: Interval
-    kind: str
+    level: str
+    seeds: int  # seeds in common
 
     @property
-    def significant(self) -> Optional[bool]:
-        return None if self.kind == "text-only" else self.interval.excludes(1.0)
+    def significant(self) -> bool:
+        """The interval excludes 1 and the ratio is at least MIN_EFFECT from it."""
+        return self.interval.excludes(1.0) and abs(self.interval.value - 1.0) >= MIN_EFFECT
 
 
 def model_of(rec: dict) -> str:
@@ -66,8 +82,66 @@ def model_of(rec: dict) -> str:
     return json.dumps(rec.get("model") or {}, sort_keys=True)
 
 
+# --------------------------------------------------------------------------------- Student's t quantile
+
+
+def _beta_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of the incomplete beta function (modified Lentz; Numerical Recipes 6.4)."""
+    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _beta_inc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b)."""
+    if x <= 0.0 or x >= 1.0:
+        return 0.0 if x <= 0.0 else 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _beta_fraction(a, b, x) / a
+    return 1.0 - front * _beta_fraction(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with ``df`` degrees of freedom (any real df > 0)."""
+    tail = 0.5 * _beta_inc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t > 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile of Student's t (0.5 < p < 1), by bisection on ``t_cdf``; the normal's for huge df."""
+    if not 0.5 < p < 1:
+        raise ValueError(f"t_quantile takes 0.5 < p < 1, got {p!r}")
+    if df > 1e7:
+        return NormalDist().inv_cdf(p)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        lo, hi = hi, 2 * hi
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+        if hi - lo < 1e-12 * hi:
+            break
+    return (lo + hi) / 2
+
+
+# ------------------------------------------------------------------------------------------ the intervals
+
+
 class Intervals:
-    """The bootstrap draws of every (row, length) of a set of records measured on the same text.
+    """The text bootstrap of every (row, seed, length) of a set of records measured on the same text, and the
+    seed- or checkpoint-level interval of each statistic built from it.
 
     ``records``: results records (one run, or several runs of the same text whose rows are told apart by
     ``label(rec)``, as the gate does with a baseline and a current run)."""
@@ -86,6 +160,7 @@ class Intervals:
         self.problem = _units_problem(records)
         self.unit_size = self.n_units = 0
         self._measured = np.zeros((len(self.rows), len(self.seeds), len(self.lengths)), dtype=bool)  # (R, S, L)
+        self._per_seed: dict[str, np.ndarray] = {}
         if self.problem:
             return
         units = next(r["units"] for r in records if r.get("units"))
@@ -100,66 +175,79 @@ class Intervals:
         tokens = np.asarray(units["tokens"], dtype=float)  # (units,)
         nbytes = np.asarray(units["bytes"], dtype=float)
         rng = np.random.default_rng(seed)
-        # counts: row 0 is the data itself (every unit and seed once), rows 1.. the bootstrap draws
+        # unit counts: row 0 is the data itself (every unit once), rows 1.. the bootstrap draws of the text
         w = np.vstack([np.ones(self.n_units), rng.multinomial(self.n_units, np.full(self.n_units, 1 / self.n_units),
                                                               size=draws)])  # (1 + draws, units)
-        v = np.vstack([np.ones(S), rng.multinomial(S, np.full(S, 1 / S), size=draws)])  # (1 + draws, seeds)
         missing = np.isnan(nll[..., 0]).reshape(-1, 1)  # (R * S * L, 1): no record, or not measured
         sums = np.where(missing, np.nan, np.nan_to_num(nll).reshape(-1, self.n_units) @ w.T)  # (R * S * L, 1 + draws)
-        mean_nll = (sums / (w @ tokens)).reshape(R, S, L, -1)  # (R, S, L, 1 + draws)
-        per_seed = {"ppl": np.exp(mean_nll), "bpb": (sums / (w @ nbytes) / np.log(2)).reshape(R, S, L, -1)}
+        per_seed = {"ppl": np.exp(sums / (w @ tokens)).reshape(R, S, L, -1),  # (R, S, L, 1 + draws)
+                    "bpb": (sums / (w @ nbytes) / np.log(2)).reshape(R, S, L, -1)}
         if self.train_len and all(t in self.lengths for t in self.train_len.values()):
             at_1x = np.stack([per_seed["ppl"][i, :, self.lengths.index(self.train_len[row])]
                               for i, row in enumerate(self.rows)])  # (R, S, 1 + draws)
             per_seed["ratio"] = per_seed["ppl"] / at_1x[:, :, None, :]
-        self._seed_weights = v  # (1 + draws, S)
-        self._draws = {k: self._over_seeds(x) for k, x in per_seed.items()}  # value -> (R, L, 1 + draws)
-
-    def _over_seeds(self, per_seed: np.ndarray) -> np.ndarray:
-        """The mean over a draw's seeds of the seeds with a number (R, S, L, D) -> (R, L, D); NaN where none."""
-        has = np.isfinite(per_seed[..., 0])  # (R, S, L): this seed has a number here
-        weight = self._seed_weights.T[None, :, None, :] * has[..., None]  # (R, S, L, D)
-        total = weight.sum(1)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(total > 0, (np.nan_to_num(per_seed) * weight).sum(1) / total, np.nan)
+        self._per_seed = per_seed
 
     @property
     def available(self) -> bool:
         return not self.problem
 
-    def _bounds(self, draws: np.ndarray) -> Interval:
-        q = (1 - self.ci) / 2
-        lo, hi = np.nanquantile(draws[1:], [q, 1 - q])
-        return Interval(float(draws[0]), float(lo), float(hi))
-
-    def _draws_of(self, value: str, row: str, length: int) -> Optional[np.ndarray]:
-        if self.problem or value not in self._draws or row not in self.rows or length not in self.lengths:
+    def _values(self, value: str, rows: tuple[str, ...], length: int) -> Optional[np.ndarray]:
+        """(k, 1 + draws): the statistic of each seed where every one of ``rows`` has a number (their ratio for
+        two rows), data first and then the text draws; None where no seed has one."""
+        if self.problem or value not in self._per_seed or length not in self.lengths \
+                or any(r not in self.rows for r in rows):
             return None
-        d = self._draws[value][self.rows.index(row), self.lengths.index(length)]
-        return None if np.isnan(d[0]) else d
+        j = self.lengths.index(length)
+        x = [self._per_seed[value][self.rows.index(r), :, j] for r in rows]  # each (S, 1 + draws)
+        stat = x[0] / x[1] if len(x) == 2 else x[0]
+        stat = stat[np.isfinite(stat[:, 0])]
+        return stat if len(stat) else None
+
+    def _interval(self, x: np.ndarray) -> tuple[Interval, str]:
+        """The interval of the mean over seeds of ``x`` (k, 1 + draws), and its level (module docstring)."""
+        k, value = len(x), float(x[:, 0].mean())
+        text = x[:, 1:].mean(0)  # (draws,): the mean over seeds in each draw of the text
+        if k < MIN_SEEDS:
+            if not len(text):
+                return Interval(value, value, value), CHECKPOINT
+            q = (1 - self.ci) / 2
+            lo, hi = np.quantile(text, [q, 1 - q])
+            return Interval(value, float(lo), float(hi)), CHECKPOINT
+        p = (1 + self.ci) / 2
+        seed_half = t_quantile(p, k - 1) * float(x[:, 0].std(ddof=1)) / math.sqrt(k)  # the seeds' t half-width
+        text_half = NormalDist().inv_cdf(p) * float(text.std(ddof=1)) if len(text) > 1 else 0.0
+        half = math.hypot(seed_half, text_half)
+        return Interval(value, value - half, value + half), METHOD
 
     def interval(self, value: str, row: str, length: int) -> Optional[Interval]:
-        """``value`` (ppl | bpb | ratio to 1x) of ``row`` at ``length`` with its interval; None without numbers."""
-        d = self._draws_of(value, row, length)
-        return None if d is None else self._bounds(d)
+        """``value`` (ppl | bpb | ratio to 1x) of ``row`` at ``length`` (its mean over seeds) with its interval;
+        None without numbers."""
+        x = self._values(value, (row,), length)
+        return None if x is None else self._interval(x)[0]
+
+    def level(self, row: str, length: int) -> Optional[str]:
+        """The level of ``row``'s own interval at ``length``: METHOD with MIN_SEEDS seeds, else CHECKPOINT."""
+        n = self.seeds_measured(row, length)
+        return None if n == 0 else METHOD if n >= MIN_SEEDS else CHECKPOINT
 
     def same_model(self, a: str, b: str) -> bool:
         """Whether rows a and b evaluate the same trained model at every seed (a scaling and its base)."""
         return all(self.models.get((a, s)) == self.models.get((b, s)) for s in self.seeds)
 
     def compare(self, value: str, row: str, ref: str, length: int, *, paired: bool = True) -> Optional[Comparison]:
-        """``row`` / ``ref`` of ``value`` at ``length``. ``paired=False`` resamples the two rows' units
-        independently (what a comparison without shared targets would give), for reference only."""
-        a, b = self._draws_of(value, row, length), self._draws_of(value, ref, length)
-        if a is None or b is None:
+        """``row`` / ``ref`` of ``value`` at ``length``: the mean over their common seeds of each seed's ratio.
+        ``paired=False`` draws the two rows' text independently (what a comparison without shared targets
+        would give), for reference only."""
+        x = self._values(value, (row, ref), length)
+        if x is None:
             return None
         if not paired:
-            b = np.concatenate([b[:1], np.random.default_rng(SEED + 1).permutation(b[1:])])
-        # seeds are resampled only where both rows have enough of them: a folder can hold rows run with
-        # different --seeds, and a one-seed row's interval knows nothing of how another seed moves it
-        seeds = min(self.seeds_measured(r, length) for r in (row, ref))
-        kind = "paired" if self.same_model(row, ref) or seeds >= MIN_SEEDS else "text-only"
-        return Comparison(self._bounds(a / b), kind)
+            a, b = self._values(value, (row,), length), self._values(value, (ref,), length)
+            shuffled = np.random.default_rng(SEED + 1).permutation(b[:, 1:].T).T  # (k, draws): other text draws
+            x = a[: len(b)] / np.concatenate([b[:, :1], shuffled], axis=1)
+        interval, level = self._interval(x)
+        return Comparison(interval, level, len(x))
 
     def seeds_measured(self, row: str, length: int) -> int:
         """How many training seeds of ``row`` have a number at ``length``."""
@@ -172,19 +260,23 @@ class Intervals:
         return max(1, round(self.n_units * self.unit_size / length)) if self.unit_size else 0
 
     def describe(self) -> str:
-        """One line for a caption: what the intervals resample."""
+        """One line for a caption: what the intervals are."""
         if self.problem:
             return f"intervals: not available ({self.problem})"
-        seeds = (f"{len(self.seeds)} training seeds and " if len(self.seeds) > 1 else "")
-        text_only = ""
-        if len(self.seeds) < MIN_SEEDS:
-            text_only = (f"; with fewer than {MIN_SEEDS} seeds, rows that are different trained models are not "
-                         "compared (text-only intervals)")
-        elif any(self._measured[i].any(axis=1).sum() < MIN_SEEDS for i in range(len(self.rows))):
-            text_only = (f"; rows with fewer than {MIN_SEEDS} seeds are not compared with other trained models "
-                         "(text-only intervals)")
-        return (f"intervals: {self.ci:.0%}, paired bootstrap over {seeds}{self.n_units} units of "
-                f"{self.unit_size} targets{text_only}")
+        text = f"the text resampled over {self.n_units} units of {self.unit_size} targets"
+        seed_level = (f"t-intervals over the {len(self.seeds)} training seeds' values, widened by {text}"
+                      if len(self.seeds) >= MIN_SEEDS else "")
+        one = self.seeds_one()
+        checkpoint = (f"{'rows with one seed' if seed_level else 'one seed'}: {text} only, about this checkpoint"
+                      if one else "")
+        parts = [p for p in (seed_level, checkpoint) if p]
+        return (f"intervals: {self.ci:.0%}; " + "; ".join(parts)
+                + f"; differences under {MIN_EFFECT:.1%} are not marked")
+
+    def seeds_one(self) -> bool:
+        """Whether some row has a number at some length from fewer than MIN_SEEDS seeds."""
+        counts = self._measured.sum(axis=1)  # (R, L)
+        return bool(((counts > 0) & (counts < MIN_SEEDS)).any())
 
 
 def _units_problem(records: list[dict]) -> str:

@@ -25,7 +25,7 @@ from posenc_bench.bench.rows import Row, select_rows  # noqa: E402
 from posenc_bench.errors import PosencError  # noqa: E402
 from posenc_bench.analysis.intervals import Intervals  # noqa: E402
 from posenc_bench.analysis.captions import short_caption  # noqa: E402
-from posenc_bench.analysis.seeds import mean_std, over_seeds  # noqa: E402
+from posenc_bench.analysis.seeds import RATIO, mean_std, over_seeds, with_ratio_to_1x  # noqa: E402
 from posenc_bench.analysis.tables import Run, row_order, train_len  # noqa: E402
 
 FORMATS = ("png", "svg")
@@ -55,16 +55,19 @@ def _caption(fig, runs: Sequence[Run]) -> None:
     fig.text(0.01, -0.02, text, ha="left", va="top", fontsize=7, color="0.3")
 
 
-def _mean_by_length(records: list[dict], row: str, iv: Optional[Intervals] = None
+def _mean_by_length(records: list[dict], row: str, iv: Optional[Intervals] = None, value: str = "ppl"
                     ) -> list[tuple[int, float, float, float]]:
-    """(eval length, mean ppl, error below, error above) over the seeds that are ok, for every length with at
-    least one: the interval (analysis/intervals.py) where ``iv`` has one, else mean ± std over seeds."""
+    """(eval length, mean, error below, error above) of ``value`` ("ppl", or "ratio": ppl over the same row and
+    seed's ppl at 1x) over the seeds that are ok, for every length with at least one: the interval
+    (analysis/intervals.py) where ``iv`` has one, else mean ± std over seeds."""
+    records = with_ratio_to_1x(records) if value == "ratio" else records
     out = []
     for L in sorted({r["eval_len"] for r in records if r["encoding"] == row}):
-        vals = over_seeds([r for r in records if r["encoding"] == row and r["eval_len"] == L], "ppl").values
+        group = [r for r in records if r["encoding"] == row and r["eval_len"] == L]
+        vals = over_seeds(group, RATIO if value == "ratio" else value).values
         if vals:
             mean, std = mean_std(vals)
-            i = iv.interval("ppl", row, L) if iv is not None else None
+            i = iv.interval(value, row, L) if iv is not None else None
             out.append((L, mean, mean - i.lo, i.hi - mean) if i is not None else (L, mean, std or 0.0, std or 0.0))
     return out
 
@@ -168,10 +171,20 @@ def _selected(run: Run, rows: Optional[Sequence[str]]) -> list[str]:
     return every if rows is None else [r for r in every if r in rows]
 
 
+TITLES = {
+    "ppl": ("Perplexity against eval length (same target tokens at every length). Bands: each row's own {ci} "
+            "interval, unpaired:\noverlapping bands can still differ; the paired comparisons are the table's "
+            "(report --compare, --findings)", "perplexity (lower is better)"),
+    "ratio": ("Perplexity relative to the same model at the train length (1x). Bands: the paired {ci} interval "
+              "of each row's\nratio to its own 1x, as in the ratio table", "ppl / ppl at 1x (1 = no change)"),
+}
+
+
 def plot_ppl_vs_length(runs: Sequence[Run], out: Path, formats: Sequence[str] = FORMATS,
-                       rows: Optional[Sequence[str]] = None) -> list[Path]:
-    """Perplexity against eval length, one panel per family (PANELS), one line per row (per run), the train
-    lengths marked. ``rows``: only these (default every row)."""
+                       rows: Optional[Sequence[str]] = None, value: str = "ppl") -> list[Path]:
+    """Perplexity (``value`` "ppl") or its ratio to each row's own 1x ("ratio") against eval length, one panel
+    per family (PANELS), one line per row (per run), the train lengths marked. ``rows``: only these (default
+    every row)."""
     order = list(dict.fromkeys(r for run in runs for r in _selected(run, rows)))
     groups = [g for g in panels(order) if any(_mean_by_length(run.data["records"], r) for run in runs for r in g[1])]
     if not groups:
@@ -183,7 +196,7 @@ def plot_ppl_vs_length(runs: Sequence[Run], out: Path, formats: Sequence[str] = 
         means = []
         for i, run in enumerate(runs):
             for j, row in enumerate(refs + mine):
-                pts = _mean_by_length(run.data["records"], row, ivs[i])
+                pts = _mean_by_length(run.data["records"], row, ivs[i], value)
                 if not pts:
                     continue
                 xs, ys, below, above = zip(*pts)
@@ -204,14 +217,14 @@ def plot_ppl_vs_length(runs: Sequence[Run], out: Path, formats: Sequence[str] = 
             for axis_format in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
                 axis_format(matplotlib.ticker.FormatStrFormatter("%g"))  # 6, not 6 x 10^0
         ax.set_xlabel("eval length (tokens)")
-        ax.set_ylabel("perplexity (lower is better)")
+        ax.set_ylabel(TITLES[value][1])
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="best")
-    fig.suptitle("Perplexity against eval length (same target tokens at every length; bands: "
-                 + (f"{ivs[0].ci:.0%} intervals)" if any(iv.available for iv in ivs) else "± std over seeds)"))
+    ci = f"{ivs[0].ci:.0%}" if any(iv.available for iv in ivs) else None
+    fig.suptitle(TITLES[value][0].format(ci=ci) if ci else TITLES[value][0].split(" Bands:")[0] + " Bands: ± std over seeds")
     _caption(fig, runs)
-    return _save(fig, out, "ppl_vs_length", formats)
+    return _save(fig, out, "ppl_vs_length" if value == "ppl" else "ratio_vs_length", formats)
 
 
 def _loss_by_position(records: list[dict], row: str) -> tuple[int, list[tuple[float, float]]] | None:
@@ -364,7 +377,7 @@ def plot_all(runs: Sequence[Run], out: Path | str, formats: Sequence[str] = FORM
     chosen = None if rows is None else select_rows(rows, every, every)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    paths = plot_ppl_vs_length(runs, out, formats, chosen)
+    paths = plot_ppl_vs_length(runs, out, formats, chosen) + plot_ppl_vs_length(runs, out, formats, chosen, "ratio")
     for run in runs:
         suffix = f"-{run.label}" if run.label else ""
         paths += plot_loss_by_position(run, out, formats, stem=f"loss_by_position{suffix}", rows=chosen)

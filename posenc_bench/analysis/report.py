@@ -23,7 +23,8 @@ from tabulate import tabulate
 
 from posenc_bench.analysis.captions import caption
 from posenc_bench.analysis.context import CONTEXT_TABLES, CONTEXT_TITLES
-from posenc_bench.analysis.intervals import CI, VALUES as TABLE_VALUES, Intervals
+from posenc_bench.analysis import findings
+from posenc_bench.analysis.intervals import CI, MIN_EFFECT, VALUES as TABLE_VALUES, Intervals
 from posenc_bench.analysis.tables import (Cell, ReportError, Run, Table, annotate, build_table, compare_table,
                                           run_intervals)
 from posenc_bench.files import atomic_write_text
@@ -35,9 +36,11 @@ SUFFIX_FORMATS = {".md": "md", ".markdown": "md", ".csv": "csv", ".tex": "latex"
                   ".json": "json"}
 BEST_NOTE = "bold: best in its column"
 SIGNIFICANT_BEST_NOTE = ("bold: best in its column and better than every other row (the paired interval of the "
-                         "ratio excludes 1); ≈: tied with the best (its interval includes 1)")
-MARKER_OPEN = "<!-- posenc-bench table: {} -->"
-MARKER_CLOSE = "<!-- /posenc-bench table -->"
+                         f"ratio excludes 1 and the difference is at least {MIN_EFFECT:.1%}); ≈: tied for best (the "
+                         "lowest mean when it is not bold, and the rows not shown to differ from it)")
+MARKER_OPEN = "<!-- posenc-bench {kind}: {key} -->"
+MARKER_CLOSE = "<!-- /posenc-bench {kind} -->"
+BLOCK_KINDS = ("table", "findings")  # what a README block holds: `report` tables, or `report --findings`
 
 
 def records_frame(records: Iterable[dict]) -> pd.DataFrame:
@@ -87,6 +90,8 @@ def cell_text(cell: Cell, digits: int, fmt: str = "md") -> str:
             text = {"latex": r"$\approx$"}.get(fmt, "≈") + text
         if cell.best:
             text = {"md": "**{}**", "html": "<b>{}</b>", "latex": r"\textbf{{{}}}"}.get(fmt, "{}").format(text)
+        if cell.checkpoint:
+            text += "†"
         if cell.seeds_ok < cell.seeds:
             text += f" ({cell.seeds_ok}/{cell.seeds} seeds)"
     if cell.note:
@@ -184,6 +189,18 @@ def render(runs: Sequence[Run], *, fmt: str = "md", values: Sequence[str] = DEFA
     return "\n".join(out)
 
 
+def render_findings(runs: Sequence[Run], *, ci: float = CI) -> str:
+    """`report --findings`: every claim the intervals of each run support (``analysis/findings.py``), after the
+    run's caption."""
+    intervals = run_intervals(runs, ci)
+    out = []
+    for run in runs:
+        out.append((f"{run.label}: " if run.label else "") + caption(run.data["run"], run.data["records"]) + " "
+                   + intervals[run.label].describe().capitalize() + ".\n")
+        out.append(findings.markdown([findings.run_findings(run, intervals[run.label])], ci))
+    return "\n".join(out)
+
+
 def _best_note(table: Table, intervals: dict[str, Intervals], mark_best: bool) -> str:
     if table.value == "compare" or not mark_best:
         return ""
@@ -205,14 +222,14 @@ def _long_rows(runs: Sequence[Run], tables: Sequence[Table]) -> list[dict]:
                     "eval_len": col.eval_len, "multiple": round(col.eval_len / col.train_len, 6), "mean": c.mean,
                     "std": c.std, "lo": c.lo, "hi": c.hi, "seeds_ok": c.seeds_ok, "seeds": c.seeds,
                     "status": c.status, "reason": c.reason, "best": c.best, "tied": c.tied,
-                    "significant": c.significant, "plateau": row in t.row_notes,
+                    "significant": c.significant, "checkpoint": c.checkpoint, "plateau": row in t.row_notes,
                 })
     return rows
 
 
 def _csv(runs: Sequence[Run], tables: Sequence[Table]) -> str:
     cols = ["run", "value", "encoding", "train_len", "eval_len", "multiple", "mean", "std", "lo", "hi", "seeds_ok",
-            "seeds", "status", "reason", "best", "tied", "significant", "plateau"]
+            "seeds", "status", "reason", "best", "tied", "significant", "checkpoint", "plateau"]
     buf = io.StringIO()
     pd.DataFrame(_long_rows(runs, tables), columns=cols).to_csv(buf, index=False, float_format="%.6g",
                                                                 lineterminator="\n")
@@ -259,34 +276,39 @@ def marker_key(paths: Sequence[str | Path]) -> str:
     return " ".join(Path(p).as_posix().rstrip("/") for p in paths)
 
 
-# Markers are whole lines, so a marker quoted inside a sentence (as in the README's own docs) is not a block.
-_BLOCK = re.compile(r"^<!-- posenc-bench table: (?P<key>[^\n]+?) -->\n(?P<body>.*?)^<!-- /posenc-bench table -->$",
-                    re.DOTALL | re.MULTILINE)
+def _block(kind: str) -> re.Pattern:
+    """A README block of ``kind``. Markers are whole lines, so a marker quoted inside a sentence (as in the
+    README's own docs) is not a block."""
+    if kind not in BLOCK_KINDS:
+        raise ReportError(f"unknown block kind {kind!r}; valid: {', '.join(BLOCK_KINDS)}")
+    return re.compile(rf"^<!-- posenc-bench {kind}: (?P<key>[^\n]+?) -->\n(?P<body>.*?)^<!-- /posenc-bench {kind} -->$",
+                      re.DOTALL | re.MULTILINE)
 
 
-def read_block(text: str, key: str) -> str | None:
-    for m in _BLOCK.finditer(text):
+def read_block(text: str, key: str, kind: str = "table") -> str | None:
+    for m in _block(kind).finditer(text):
         if m.group("key").strip() == key:
             return m.group("body")
     return None
 
 
-def update_file(path: str | Path, key: str, table: str) -> bool:
-    """Replace the body of every block marked ``<!-- posenc-bench table: KEY -->`` in ``path`` with ``table``;
+def update_file(path: str | Path, key: str, table: str, kind: str = "table") -> bool:
+    """Replace the body of every block marked ``<!-- posenc-bench KIND: KEY -->`` in ``path`` with ``table``;
     atomically. Returns whether the file changed."""
     path = Path(path)
     if not path.is_file():
         raise ReportError(f"--update {str(path)!r}: no such file")
     text = path.read_text()
-    found = [m for m in _BLOCK.finditer(text) if m.group("key").strip() == key]
+    block = _block(kind)
+    found = [m for m in block.finditer(text) if m.group("key").strip() == key]
     if not found:
-        keys = [m.group("key").strip() for m in _BLOCK.finditer(text)]
-        have = f"it has blocks for: {', '.join(keys)}" if keys else "it has none"
+        keys = [m.group("key").strip() for m in block.finditer(text)]
+        have = f"it has {kind} blocks for: {', '.join(keys)}" if keys else f"it has no {kind} block"
         raise ReportError(
-            f"--update {str(path)!r}: no block marked {MARKER_OPEN.format(key)} ... {MARKER_CLOSE} ({have}); "
-            "add those two lines where the table should go")
-    new = _BLOCK.sub(lambda m: m.group(0) if m.group("key").strip() != key
-                     else f"{MARKER_OPEN.format(key)}\n{table}{MARKER_CLOSE}", text)
+            f"--update {str(path)!r}: no block marked {MARKER_OPEN.format(kind=kind, key=key)} ... "
+            f"{MARKER_CLOSE.format(kind=kind)} ({have}); add those two lines where it should go")
+    new = block.sub(lambda m: m.group(0) if m.group("key").strip() != key
+                    else f"{MARKER_OPEN.format(kind=kind, key=key)}\n{table}{MARKER_CLOSE.format(kind=kind)}", text)
     if new != text:
         atomic_write_text(path, new)
     return new != text

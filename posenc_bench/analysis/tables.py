@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 from posenc_bench.errors import PosencError
 from posenc_bench.bench.records import read_results
 from posenc_bench.analysis.context import plateau_note
-from posenc_bench.analysis.intervals import CI, MIN_SEEDS, MIN_WINDOWS, VALUES, Intervals
+from posenc_bench.analysis.intervals import CHECKPOINT, CI, MIN_EFFECT, MIN_SEEDS, MIN_WINDOWS, VALUES, Intervals
 from posenc_bench.analysis.seeds import RATIO, mean_std, over_seeds, with_ratio_to_1x
 
 TITLES = {
@@ -26,9 +26,12 @@ TITLES = {
     "bpb": "Bits per byte (lower is better; columns: eval length as a multiple of the train length)",
     "ratio": "Perplexity relative to the same model at the train length (1x)",
 }
-COMPARE_TITLE = "Perplexity relative to {ref} at the same length (paired); *: the interval excludes 1"
-TEXT_ONLY_NOTE = (f"text-only interval: a different trained model and fewer than {MIN_SEEDS} seeds, so another seed could "
-                  "move it by more than the text does; no significance claimed")
+COMPARE_TITLE = (f"Perplexity relative to {{ref}} at the same length (paired); *: the interval excludes 1 and the "
+                 f"difference is at least {MIN_EFFECT:.1%}")
+CHECKPOINT_NOTE = (f"† this checkpoint: fewer than {MIN_SEEDS} seeds in common, so the interval covers the text only and "
+                   "describes these trained models, not their recipe; another seed can move a model by more")
+ONE_SEED_NOTE = ("one seed: every interval and mark in this table is about this checkpoint (these trained models on "
+                 "this text), not about the methods; another seed can move a model by more than the text does")
 
 
 class ReportError(PosencError):
@@ -53,6 +56,7 @@ class Cell:
     hi: float | None = None
     tied: bool = False  # with the best of its column: the interval of the ratio to it includes 1
     significant: Optional[bool] = None  # best: better than every other row; other rows: differs from the best
+    checkpoint: bool = False  # its mark rests on a comparison of one seed: about this checkpoint (shown †)
 
 
 @dataclass
@@ -165,10 +169,11 @@ def build_table(runs: Sequence[Run], value: str, *, digits: int = 2, mark_best: 
 
 def _mark_best(table: Table, intervals: dict[str, Intervals]) -> None:
     """In each column, the lowest mean. With intervals it is bold only when it is significantly better than
-    every other row (the paired interval of each row's ratio to it excludes 1), and rows whose interval
-    includes 1 are marked tied; a text-only comparison (different models, too few seeds) is neither. Without
-    intervals (older results) the lowest mean at the printed precision is bold. Never in a ratio table's 1x
-    column (all 1.00 by definition), nor in a column with fewer than two numbers."""
+    every other row (the paired interval of each row's ratio to it excludes 1, by at least MIN_EFFECT);
+    otherwise it and the rows whose difference from it is not significant are marked tied (for best). A mark that rests on a comparison of one
+    seed is about this checkpoint (``Cell.checkpoint``). Without intervals (older results) the lowest mean at
+    the printed precision is bold. Never in a ratio table's 1x column (all 1.00 by definition), nor in a
+    column with fewer than two numbers."""
     for j, col in enumerate(table.columns):
         if table.value == "ratio" and col.eval_len == col.train_len:
             continue
@@ -182,16 +187,17 @@ def _mark_best(table: Table, intervals: dict[str, Intervals]) -> None:
                 table.cells[row, j].best = round(v, table.digits) == best
             continue
         best = min(shown, key=shown.get)
-        verdicts = {}
-        for row in shown:
-            if row != best:
-                c = iv.compare(table.value, row, best, col.eval_len)
-                verdicts[row] = None if c is None else c.significant
-                table.cells[row, j].significant = verdicts[row]
-                table.cells[row, j].tied = verdicts[row] is False
+        comparisons = {row: iv.compare(table.value, row, best, col.eval_len) for row in shown if row != best}
+        for row, c in comparisons.items():
+            cell = table.cells[row, j]
+            cell.significant = None if c is None else c.significant
+            cell.tied = cell.significant is False
+            cell.checkpoint = cell.tied and c.level == CHECKPOINT
         top = table.cells[best, j]
-        top.significant = all(v is True for v in verdicts.values())
-        top.best = top.significant
+        top.significant = top.best = all(c is not None and c.significant for c in comparisons.values())
+        top.tied = any(cell.tied for row, cell in ((r, table.cells[r, j]) for r in comparisons))  # tied for best
+        top.checkpoint = (top.best or top.tied) and any(c.level == CHECKPOINT for c in comparisons.values()
+                                                        if c is not None)
 
 
 def compare_table(runs: Sequence[Run], ref: str, intervals: dict[str, Intervals], *, digits: int = 2) -> Table:
@@ -210,15 +216,16 @@ def compare_table(runs: Sequence[Run], ref: str, intervals: dict[str, Intervals]
                 table.cells[row, j] = Cell()
                 continue
             table.cells[row, j] = Cell("ok", c.interval.value, lo=c.interval.lo, hi=c.interval.hi,
-                                       significant=c.significant,
-                                       note="†" if c.kind == "text-only" else "*" if c.significant else "")
+                                       significant=c.significant, note="*" if c.significant else "",
+                                       checkpoint=c.level == CHECKPOINT)
     table.rows = [r for r in rows if any(table.cells[r, j].status == "ok" for j in range(len(columns)))]
     return table
 
 
 def annotate(table: Table, runs: Sequence[Run], intervals: dict[str, Intervals], notes: dict[str, str]) -> None:
     """The flags a reader needs beside the numbers: rows whose model does not use its context (footnote on the
-    row), lengths with few independent windows, and text-only comparisons."""
+    row), lengths with few independent windows, and marks about this checkpoint (one seed): said once for a
+    run of one seed, with † on each such cell otherwise."""
     for run in runs:
         for row in table.rows:
             if (note := plateau_note(run.data["records"], row)) is not None:
@@ -228,5 +235,13 @@ def annotate(table: Table, runs: Sequence[Run], intervals: dict[str, Intervals],
         if iv is not None and iv.available and iv.windows(col.eval_len) < MIN_WINDOWS:
             table.notes.append(f"{col.header()}: only {iv.windows(col.eval_len)} independent windows of "
                                f"{col.eval_len} tokens; its intervals rest on few samples")
-    if any(c.note == "†" for c in table.cells.values()):
-        table.notes.append("† " + TEXT_ONLY_NOTE)
+    one_seed = [iv is not None and iv.available and len(iv.seeds) < MIN_SEEDS for iv in
+                (intervals.get(col.run) for col in table.columns)]
+    for (row, j), cell in table.cells.items():
+        cell.checkpoint = cell.checkpoint and not one_seed[j]
+    if any(one_seed):
+        runs_one = sorted({col.run for col, one in zip(table.columns, one_seed) if one})
+        table.notes.append((f"{', '.join(runs_one)}: " if runs_one != [""] else "") + ONE_SEED_NOTE[0].upper()
+                           + ONE_SEED_NOTE[1:])
+    if any(c.checkpoint for c in table.cells.values()):
+        table.notes.append(CHECKPOINT_NOTE)

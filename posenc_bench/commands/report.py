@@ -23,11 +23,16 @@ def add_parser(sub) -> argparse.ArgumentParser:
     rp.add_argument("--digits", type=int, default=2, help="decimals in table cells (default 2)")
     rp.add_argument("--no-best", action="store_true", help="do not bold the best value in each column")
     rp.add_argument("--ci", type=float, default=0.95, metavar="LEVEL",
-                    help="level of the intervals, between 0 and 1 (default 0.95): a paired bootstrap over the eval "
-                         "text's units and the training seeds")
+                    help="level of the intervals, between 0 and 1 (default 0.95): t-intervals over the training "
+                         "seeds widened by the text's bootstrap, or with one seed the text's alone (this checkpoint)")
     rp.add_argument("--compare", metavar="ROW",
                     help="add every row's ppl relative to ROW (e.g. rope) at the same length, with its paired "
-                         "interval; * where the interval excludes 1")
+                         "interval; * where the interval excludes 1 by at least 0.1%%")
+    rp.add_argument("--findings", action="store_true",
+                    help="instead of tables, list every claim the intervals support (row A vs row B at a length, "
+                         "and each row against its own 1x), with its ratio, interval and level (method, or this "
+                         "checkpoint with one seed); with --update, the block '<!-- posenc-bench findings: RESULTS "
+                         "-->'")
     rp.add_argument("--out", help="write to this file (atomically) instead of printing")
     rp.add_argument("--update", metavar="FILE",
                     help="rewrite the block between '<!-- posenc-bench table: RESULTS -->' and "
@@ -42,16 +47,20 @@ def cmd(args: argparse.Namespace) -> int:
 
     runs = load_runs(args.results)
     fmt = report.format_for(args.out, FORMAT_ALIASES.get(args.format, args.format))
-    if args.update and fmt != "md":
-        raise PosencError(f"--update writes a Markdown table; drop --format {fmt} (or write it with --out)")
+    if (args.update or args.findings) and fmt != "md":
+        what = "--findings" if args.findings else "--update"
+        raise PosencError(f"{what} writes Markdown; drop --format {fmt}" + ("" if args.findings else " (or write it with --out)"))
     if not 0 < args.ci < 1:
         raise PosencError(f"--ci {args.ci:g}: the level must be between 0 and 1 (e.g. 0.95, 0.9)")
-    text = report.render(runs, fmt=fmt, values=args.value, digits=args.digits, mark_best=not args.no_best,
-                         ci=args.ci, compare=args.compare)
+    if args.findings:
+        text = report.render_findings(runs, ci=args.ci)
+    else:
+        text = report.render(runs, fmt=fmt, values=args.value, digits=args.digits, mark_best=not args.no_best,
+                             ci=args.ci, compare=args.compare)
     if args.update:
-        key = report.marker_key(args.results)
-        changed = report.update_file(args.update, key, text)
-        print(f"{'updated' if changed else 'already up to date'}: {args.update} (block {key})")
+        key, kind = report.marker_key(args.results), "findings" if args.findings else "table"
+        changed = report.update_file(args.update, key, text, kind)
+        print(f"{'updated' if changed else 'already up to date'}: {args.update} ({kind} block {key})")
     if args.out:
         atomic_write_text(args.out, text)
         print(f"wrote {args.out}")

@@ -1,12 +1,13 @@
-"""The paired two-level bootstrap: exact identities, coverage on data with a known answer, and how the width
-moves with units and seed spread."""
+"""The intervals: exact identities, the t-interval over seeds, the text bootstrap's coverage with one seed, and
+how the width moves with units and seed spread (coverage over seeds: test_coverage.py)."""
 
 import math
 
 import numpy as np
 import pytest
 
-from posenc_bench.analysis.intervals import Intervals, MIN_SEEDS
+from posenc_bench.analysis.intervals import (CHECKPOINT, METHOD, MIN_EFFECT, MIN_SEEDS, Intervals, t_cdf,
+                                            t_quantile)
 
 TOKENS = 1000  # targets per unit in the synthetic data
 
@@ -88,7 +89,7 @@ def test_four_times_the_units_halves_the_width():
     assert widths[1] / widths[0] == pytest.approx(0.5, abs=0.08)
 
 
-def test_seed_spread_widens_the_interval_and_few_seeds_are_text_only():
+def test_seed_spread_widens_the_interval_and_one_seed_is_about_this_checkpoint():
     rng = np.random.default_rng(4)
     sums = _unit_sums(rng, 1.5, 100)
 
@@ -101,36 +102,68 @@ def test_seed_spread_widens_the_interval_and_few_seeds_are_text_only():
 
     tight, wide = run(0.0).interval("ppl", "a", 128), run(0.05).interval("ppl", "a", 128)
     assert (wide.hi - wide.lo) > 2 * (tight.hi - tight.lo)
-    assert run(0.0).compare("ppl", "b", "a", 128).kind == "paired"
+    c = run(0.0).compare("ppl", "b", "a", 128)
+    assert (c.level, c.seeds, c.significant) == (METHOD, 3, True)
     one_seed = run(0.0, seeds=1)
     c = one_seed.compare("ppl", "b", "a", 128)  # different trained models, one seed
-    assert MIN_SEEDS > 1 and c.kind == "text-only" and c.significant is None
-    assert c.interval.lo > 1  # the text alone would call it: the label is what withholds the claim
+    assert MIN_SEEDS == 2 and c.level == CHECKPOINT and c.seeds == 1
+    assert c.interval.lo > 1 and c.significant  # a claim, labelled as about these two checkpoints
 
 
-def test_a_row_with_fewer_seeds_than_the_folder_is_compared_text_only():
-    """A folder can hold rows run with different --seeds: only rows that both have MIN_SEEDS seeds are paired
-    over seeds; a one-seed row's interval says nothing of another seed, whatever the other rows have."""
+def test_the_seed_level_is_a_t_interval_over_per_seed_values_plus_the_text():
+    """Per-seed ratios 1.0071, 1.0114, 1.0023 with no text spread (every unit the same ratio): the interval is
+    the t-interval of those three values, df 2, as in the worked example of the docs."""
+    recs = []
+    for s, r in enumerate([1.0071, 1.0114, 1.0023]):
+        base = np.full(20, 1500.0)
+        recs += [_rec("a", s, 128, base), _rec("b", s, 128, base + TOKENS * math.log(r))]
+    c = Intervals(recs).compare("ppl", "b", "a", 128)
+    values = np.array([1.0071, 1.0114, 1.0023])
+    half = t_quantile(0.975, 2) * values.std(ddof=1) / math.sqrt(3)
+    assert c.interval.value == pytest.approx(values.mean(), rel=1e-9)
+    assert (c.interval.lo, c.interval.hi) == pytest.approx((values.mean() - half, values.mean() + half), rel=1e-9)
+    assert c.interval.lo < 1 < c.interval.hi and not c.significant
+
+
+def test_t_quantiles_and_the_minimum_effect():
+    for df, q in [(1, 12.706204736), (2, 4.302652730), (4, 2.776445105), (10, 2.228138852), (30, 2.042272456)]:
+        assert t_quantile(0.975, df) == pytest.approx(q, rel=1e-9)
+    assert t_quantile(0.975, 1e9) == pytest.approx(1.959963985, rel=1e-9)
+    assert t_cdf(t_quantile(0.9, 2.5), 2.5) == pytest.approx(0.9, abs=1e-12)
+    with pytest.raises(ValueError, match="0.5 < p < 1"):
+        t_quantile(0.3, 2)
+    # a consistent difference far below MIN_EFFECT: the interval excludes 1, and still nothing is marked
+    rng = np.random.default_rng(8)
+    sums = _unit_sums(rng, 1.5, 100)
+    iv = Intervals([_rec("a", 0, 128, sums, key="k"), _rec("b", 0, 128, sums * (1 + 4e-9), key="k")])
+    c = iv.compare("ppl", "b", "a", 128)
+    assert c.interval.excludes(1.0) and not c.significant and MIN_EFFECT == 0.001
+
+
+def test_a_row_with_fewer_seeds_than_the_folder_is_compared_about_this_checkpoint():
+    """A folder can hold rows run with different --seeds: a comparison uses the seeds both rows have, and one
+    seed in common makes it about this checkpoint, whatever the other rows have."""
     rng = np.random.default_rng(7)
     sums = _unit_sums(rng, 1.5, 100)
     recs = [_rec(row, s, 128, sums + TOKENS * (0.05 * i + 0.01 * s)) for i, row in enumerate("ab") for s in range(3)]
     recs.append(_rec("c", 0, 128, sums + TOKENS * 0.10))
     iv = Intervals(recs)
     assert [iv.seeds_measured(r, 128) for r in "abc"] == [3, 3, 1] and iv.seeds_measured("zz", 128) == 0
-    assert iv.compare("ppl", "b", "a", 128).kind == "paired"
+    assert iv.compare("ppl", "b", "a", 128).level == METHOD
+    assert [iv.level(r, 128) for r in "abc"] == [METHOD, METHOD, CHECKPOINT]
     for row, ref in (("c", "a"), ("a", "c")):
-        c = iv.compare("ppl", row, ref, 128)
-        assert c.kind == "text-only" and c.significant is None
-    assert "rows with fewer than 3 seeds are not compared" in iv.describe()
-    assert "not compared" not in Intervals([r for r in recs if r["encoding"] != "c"]).describe()
+        assert iv.compare("ppl", row, ref, 128).level == CHECKPOINT
+    assert "rows with one seed" in iv.describe() and "t-intervals over the 3 training seeds" in iv.describe()
+    assert "one seed" not in Intervals([r for r in recs if r["encoding"] != "c"]).describe()
 
 
-def test_same_model_rows_are_compared_with_one_seed():
+def test_same_model_rows_with_one_seed_are_about_this_checkpoint():
     rng = np.random.default_rng(5)
     sums = _unit_sums(rng, 1.5, 100)
     iv = Intervals([_rec("rope", 0, 512, sums, key="k"), _rec("rope-ntk", 0, 512, sums * 0.98, key="k")])
     c = iv.compare("ppl", "rope-ntk", "rope", 512)
-    assert c.kind == "paired" and c.significant is True and c.interval.hi < 1
+    assert c.level == CHECKPOINT and c.significant and c.interval.hi < 1
+    assert iv.same_model("rope", "rope-ntk")
 
 
 def test_missing_numbers_and_old_results():

@@ -38,7 +38,8 @@ def test_plot_cli_draws_every_figure_and_skips_a_learned_bias_without_checkpoint
     assert main(["plot", str(folder), "--out", str(out), "--formats", "png"]) == 0
     printed = capsys.readouterr().out
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["bias-alibi.png", "loss_by_position.png", "ppl_vs_length.png", "sinusoidal.png"]
+    assert names == ["bias-alibi.png", "loss_by_position.png", "ppl_vs_length.png", "ratio_vs_length.png",
+                     "sinusoidal.png"]
     assert "skipped: cannot draw the t5 bias: its bias is learned and there is no checkpoint at" in printed
     for p in out.iterdir():
         assert_real_figure(p)
@@ -150,7 +151,18 @@ def test_each_row_with_an_interval_gets_a_band_that_spans_it(tmp_path, monkeypat
             i = iv.interval("ppl", row, L)
             ys = verts[np.isclose(verts[:, 0], L), 1]
             assert np.isclose(ys.min(), i.lo) and np.isclose(ys.max(), i.hi), (row, L, ys, i)
-    assert "bands: 95% intervals" in figures[0]._suptitle.get_text()
+    assert "Bands: each row's own 95% interval, unpaired" in figures[0]._suptitle.get_text()
+    # the ratio figure draws the paired interval of each row's ratio to its own 1x: the ratio table's
+    plots.plot_ppl_vs_length(runs, tmp_path, rows=["rope", "alibi"], value="ratio")
+    ax = next(a for a in figures[1].axes if a.get_visible())
+    bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
+    for band, row in zip(bands, ["rope", "alibi"]):
+        verts = band.get_paths()[0].vertices
+        i = iv.interval("ratio", row, 512)
+        ys = verts[np.isclose(verts[:, 0], 512), 1]
+        assert np.isclose(ys.min(), i.lo) and np.isclose(ys.max(), i.hi), (row, ys, i)
+        assert (i.lo > 1) if row == "rope" else (i.hi < 1)  # rope degrades at 4x, alibi improves
+    assert "the paired 95% interval of each row's" in figures[1]._suptitle.get_text()
 
 
 def test_without_intervals_a_line_is_the_mean_over_ok_seeds_with_its_std():

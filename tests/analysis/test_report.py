@@ -74,8 +74,13 @@ def test_update_rewrites_only_its_block_atomically(tmp_path):
                                   "table -->\nend\n")
     assert not report.update_file(readme, "results/a", "new table\n")  # unchanged the second time
     with pytest.raises(ReportError, match=r"no block marked <!-- posenc-bench table: results/c -->.*"
-                                                 r"it has blocks for: results/a, results/b"):
+                                                 r"it has table blocks for: results/a, results/b"):
         report.update_file(readme, "results/c", "x\n")
+    with pytest.raises(ReportError, match=r"no block marked <!-- posenc-bench findings: results/a -->.*"
+                                          r"it has no findings block"):
+        report.update_file(readme, "results/a", "x\n", "findings")
+    with pytest.raises(ReportError, match=r"unknown block kind 'figure'; valid: table, findings"):
+        report.update_file(readme, "results/a", "x\n", "figure")
     assert [p.name for p in tmp_path.iterdir()] == ["README.md"]  # no temporary left behind
 
 
@@ -90,14 +95,20 @@ def test_report_cli_prints_writes_and_updates(tmp_path, capsys, monkeypatch):
     (tmp_path / "README.md").write_text("# x\n<!-- posenc-bench table: results/r1 -->\n<!-- /posenc-bench table -->\n")
     assert main(["report", "./results/r1", "--update", "README.md"]) == 0
     assert report.read_block((tmp_path / "README.md").read_text(), "results/r1") == printed
-    assert "updated: README.md (block results/r1)" in capsys.readouterr().out
+    assert "updated: README.md (table block results/r1)" in capsys.readouterr().out
+    (tmp_path / "README.md").write_text("<!-- posenc-bench findings: results/r1 -->\n<!-- /posenc-bench findings -->\n")
+    assert main(["report", "results/r1", "--findings"]) == 0
+    findings = capsys.readouterr().out
+    assert findings == report.render_findings(load_runs(["results/r1"]))
+    assert main(["report", "results/r1", "--findings", "--update", "README.md"]) == 0
+    assert report.read_block((tmp_path / "README.md").read_text(), "results/r1", "findings") == findings
 
 
 @pytest.mark.parametrize("args, message", [
     (["report", "nowhere"], "no results file at 'nowhere'"),
     (["report", "results/r1", "--value", "ppl,speed"], "unknown table value 'speed'; valid: ppl, bpb, ratio, training"),
     (["report", "results/r1", "--out", "t.xlsx"], "cannot tell the format of 't.xlsx'"),
-    (["report", "results/r1", "--format", "csv", "--update", "README.md"], "--update writes a Markdown table"),
+    (["report", "results/r1", "--format", "csv", "--update", "README.md"], "--update writes Markdown; drop --format csv"),
     (["report", "results/r1", "--update", "README.md"], "no block marked <!-- posenc-bench table: results/r1 -->"),
     (["plot", "results/r1", "--formats", "gif"], "unknown figure format(s) 'gif'; valid: png, svg"),
 ])
@@ -110,10 +121,13 @@ def test_report_and_plot_bad_input_is_one_line_exit_2(tmp_path, capsys, monkeypa
     assert message in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("name", ["default", "full", "sotu-512", "sotu-512-full"])
+@pytest.mark.parametrize("name", ["default", "full", "sotu-512", "sotu-512-full", "smollm2"])
 def test_committed_table_md_is_what_report_builds(name):
     folder = ROOT / "results" / name
     assert (folder / "table.md").read_text() == report.render(load_runs([folder]))
+
+
+SMOLLM2_COMPARE = "hf:SmolLM2-135M-Instruct.Q4_1+yarn"  # its README's table has the ratios to YaRN
 
 
 @pytest.mark.parametrize("page,folder,values", [
@@ -124,14 +138,30 @@ def test_committed_table_md_is_what_report_builds(name):
     ("docs/results.md", "full", "ppl,ratio"),
     ("results/sotu-512/README.md", "sotu-512", "ppl,ratio"),
     ("results/sotu-512-full/README.md", "sotu-512-full", "ppl,ratio"),
+    ("results/smollm2/README.md", "smollm2", "ppl,ratio,cost"),
 ])
 def test_readme_and_docs_tables_are_what_report_builds_from_the_committed_results(page, folder, values):
     key = f"results/{folder}"
     block = report.read_block((ROOT / page).read_text(), key)
     assert block is not None, f"{page} lost its <!-- posenc-bench table: {key} --> block"
     value_flag = "" if values == report.DEFAULT_VALUES else f" --value {values}"
-    assert block == report.render(load_runs([ROOT / key]), values=values), (
+    compare = SMOLLM2_COMPARE if folder == "smollm2" else None
+    assert block == report.render(load_runs([ROOT / key]), values=values, compare=compare), (
         f"the table in {page} is stale: run `posenc-bench report {key}{value_flag} --update {page}`")
+
+
+FINDINGS_PAGES = [f"results/{name}/README.md" for name in ("default", "full", "smollm2", "sotu-512", "sotu-512-full")]
+
+
+@pytest.mark.parametrize("page", FINDINGS_PAGES)
+def test_committed_readmes_findings_blocks_are_what_report_finds(page):
+    """Each results README holds its folder's findings as a generated block, so its prose can be checked against
+    it and a re-render shows any change."""
+    key = str(Path(page).parent)
+    block = report.read_block((ROOT / page).read_text(), key, "findings")
+    assert block is not None, f"{page} lost its <!-- posenc-bench findings: {key} --> block"
+    assert block == report.render_findings(load_runs([ROOT / key])), (
+        f"the findings in {page} are stale: run `posenc-bench report {key} --findings --update {page}`")
 
 
 def test_plateau_flag_and_few_windows_and_csv_columns(tmp_path, capsys):
@@ -148,7 +178,7 @@ def test_plateau_flag_and_few_windows_and_csv_columns(tmp_path, capsys):
     assert {r["plateau"] for r in rows if r["encoding"] == "nope"} == {"True"}
     assert main(["report", str(folder), "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["runs"][0]["intervals"].startswith("intervals: 95%, paired bootstrap over 20 units of 200 targets")
+    assert data["runs"][0]["intervals"].startswith("intervals: 95%; one seed: the text resampled over 20 units of 200")
 
 
 def test_old_results_without_units_report_and_say_so_once():

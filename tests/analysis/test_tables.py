@@ -7,7 +7,7 @@ import pytest
 
 from tests.analysis.fake_results import RECORDS, rec, results, unit_results, write
 from posenc_bench.analysis.report import cell_text
-from posenc_bench.analysis.tables import (ReportError, Run, build_table, compare_table, load_runs, row_order,
+from posenc_bench.analysis.tables import (ReportError, Run, annotate, build_table, compare_table, load_runs, row_order,
                                           run_intervals, train_len)
 from posenc_bench.commands.cli import main
 
@@ -88,12 +88,15 @@ def test_cells_carry_intervals_and_bold_needs_significance():
     assert rope.lo < rope.mean < rope.hi
     assert cell_text(rope, 2) == f"{rope.mean:.2f} [{rope.lo:.2f}, {rope.hi:.2f}]"
     # 1x: rope and rope-ntk are the same model and the same numbers: tied, so the best is not bold; alibi is
-    # another model with one seed: text-only, neither tied nor significant
+    # another model with one seed: a comparison about this checkpoint, which the table states once
     assert not t.cells["rope", 0].best and t.cells["rope-ntk", 0].tied
-    assert t.cells["alibi", 0].significant is None and not t.cells["alibi", 0].tied
+    assert t.cells["alibi", 0].significant is True and not t.cells["alibi", 0].tied
     assert cell_text(t.cells["rope-ntk", 0], 2).startswith("≈")
-    # 2x: alibi is best, but rope-ntk and rope are other models compared on one seed: no claim, no bold
-    assert not t.cells["alibi", 1].best and t.cells["rope-ntk", 1].significant is None
+    # 2x: alibi is best and better than every other row on this checkpoint: bold, and the note says so once
+    assert t.cells["alibi", 1].best and t.cells["rope-ntk", 1].significant is True
+    annotate(t, [run], iv, {})
+    assert not any(c.checkpoint for c in t.cells.values())  # one seed: no per-cell mark, one note
+    assert any(n.startswith("One seed: every interval and mark in this table is about this checkpoint") for n in t.notes)
     # the ratio to 1x of one row is paired across lengths: 1.00 at 1x by definition, shown without interval
     ratio = build_table([run], "ratio", intervals=iv)
     assert cell_text(ratio.cells["rope", 0], 2) == "1.00"
@@ -111,6 +114,20 @@ def test_three_seeds_allow_significance_between_models():
     assert t.cells["alibi", 0].tied and not t.cells["rope", 0].best
 
 
+def test_a_one_seed_row_in_a_three_seed_folder_is_marked_this_checkpoint():
+    data = unit_results(seeds=(0, 1, 2))
+    data["records"] = [r for r in data["records"] if r["encoding"] != "nope" or r["seed"] == 0]
+    runs = [Run("", "", data)]
+    iv = run_intervals(runs)
+    t = build_table(runs, "ppl", intervals=iv)
+    annotate(t, runs, iv, {})
+    best = t.cells["alibi", 1]  # better than rope and rope-ntk over 3 seeds, than nope on seed 0 only
+    assert best.best and best.checkpoint and cell_text(best, 2).endswith("]**†")
+    assert not t.cells["rope", 1].checkpoint and t.notes[-1].startswith("† this checkpoint: fewer than 2 seeds")
+    c = compare_table(runs, "alibi", iv)
+    assert c.cells["nope", 1].checkpoint and not c.cells["rope", 1].checkpoint
+
+
 def test_compare_table_and_its_marks(tmp_path, capsys):
     folder = write(tmp_path / "run", unit_results())
     assert main(["report", str(folder), "--compare", "rope", "--value", "ppl"]) == 0
@@ -123,8 +140,8 @@ def test_compare_table_and_its_marks(tmp_path, capsys):
     c = ntk.cells["rope-ntk", 1]  # the same model: a paired comparison with one seed, 1.1 / 1.3 of the NLL
     assert c.significant is True and c.hi < 1 and c.note == "*"
     assert lines["rope-ntk"].rstrip(" |").endswith("] *")  # the mark the title promises, printed
-    assert ntk.cells["alibi", 1].note == "†" and ntk.cells["alibi", 1].significant is None
-    assert "† text-only interval" in out
+    assert ntk.cells["alibi", 1].note == "*" and ntk.cells["alibi", 1].checkpoint  # another model, one seed
+    assert "One seed: every interval and mark in this table is about this checkpoint" in out
     assert main(["report", str(folder), "--compare", "t5"]) == 2
     assert "--compare 't5': no such row in the results; rows: rope, rope-ntk, alibi, nope" in capsys.readouterr().err
     assert main(["report", str(folder), "--ci", "95"]) == 2

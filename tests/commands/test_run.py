@@ -247,7 +247,7 @@ def test_records_carry_units_and_the_table_flags_models_on_the_plateau(finished)
         assert sum(u["nll"]) == pytest.approx(r["loss"] * r["tokens"], rel=1e-9)
     assert len({tuple(r["units"]["tokens"]) for r in ok}) == 1
     table = (finished / "table.md").read_text()
-    assert "uses only local context" in table and "Intervals: 95%, paired bootstrap over" in table
+    assert "uses only local context" in table and "Intervals: 95%; one seed: the text resampled over" in table
 
 
 def test_run_with_an_unknown_config_name_lists_the_built_in_ones(capsys):

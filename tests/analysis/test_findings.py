@@ -1,0 +1,74 @@
+"""Findings: every claim the intervals support, oriented, grouped, ordered by effect, and nothing else."""
+
+import math
+
+import numpy as np
+
+from tests.analysis.fake_results import unit_results
+from posenc_bench.analysis import findings
+from posenc_bench.analysis.intervals import CHECKPOINT, METHOD, Intervals
+from posenc_bench.analysis.tables import Run
+
+
+def _findings(data):
+    run = Run("", "", data)
+    iv = Intervals(data["records"])
+    return findings.run_findings(run, iv), iv
+
+
+def test_every_listed_claim_is_significant_and_every_significant_one_is_listed():
+    fs, iv = _findings(unit_results(seeds=(0, 1, 2)))
+    rows, made, listed = ["rope", "rope-ntk", "alibi", "nope"], 0, set()
+    for L in (100, 200):
+        for i, a in enumerate(rows):
+            for b in rows[i + 1:]:
+                c = iv.compare("ppl", a, b, L)
+                made += 1
+                if c.significant:
+                    listed.add((a, b, L) if c.interval.value < 1 else (b, a, L))
+        made += len(rows) if L == 200 else 0  # each row against its own 1x at 2x
+    assert {(f.better, f.worse, f.length) for f in fs.between} == listed
+    assert fs.made == made
+    for f in fs.between:  # written so that the first row is better: its ratio below 1, the interval too
+        assert f.comparison.interval.value < 1 and f.comparison.interval.hi < 1 and f.comparison.level == METHOD
+    # at 1x rope and rope-ntk are the same model and the same numbers: no claim either way
+    assert not any({f.better, f.worse} == {"rope", "rope-ntk"} and f.length == 100 for f in fs.between)
+    # against its own 1x: rope x1.3 and nope x1.07 degrade, alibi x0.9995 is below the minimum effect
+    from_1x = {f.better: f.comparison.interval.value for f in fs.from_1x}
+    assert from_1x["rope"] > 1.2 and "alibi" not in from_1x
+
+
+def test_the_markdown_groups_by_pair_strongest_first_and_names_the_level():
+    fs, _ = _findings(unit_results(seeds=(0, 1, 2)))
+    text = findings.markdown([fs], 0.95)
+    lines = [line for line in text.splitlines() if line.startswith("- ")]
+    assert text.startswith(f"{len(fs.between) + len(fs.from_1x)} of {fs.made} comparisons hold at 95%")
+    assert "every one is method-level (over the training seeds)" in text
+    pairs = {}
+    for f in fs.between:
+        pairs[f.better, f.worse] = max(pairs.get((f.better, f.worse), 0.0), f.effect)
+    expected = [f"- {a} < {b}:" for (a, b), _ in sorted(pairs.items(), key=lambda kv: (-kv[1], kv[0]))]
+    assert [line.split(": ")[0] + ":" for line in lines[: len(pairs)]] == expected
+    assert expected[0] == "- alibi < nope:"  # nope is 1.5-1.6x the NLL, alibi the lowest row at 2x
+    claim = next(f for f in fs.between if (f.better, f.worse, f.length) == ("alibi", "nope", 200))
+    i = claim.comparison.interval
+    assert f"2x {i.value:.3f} [{i.lo:.3f}, {i.hi:.3f}]" in text
+    assert math.isclose(claim.effect, abs(math.log(i.value)))
+
+
+def test_one_seed_claims_are_about_this_checkpoint():
+    fs, _ = _findings(unit_results())
+    assert fs.levels == {CHECKPOINT}
+    assert "every one is about this checkpoint (one seed), not the method" in findings.markdown([fs], 0.95)
+
+
+def test_a_folder_without_differences_says_none():
+    rng = np.random.default_rng(0)
+    text = rng.gamma(50, 1.5, size=40)
+    data = unit_results()
+    for r in data["records"]:  # every row the same numbers at every length: nothing to claim
+        r["units"]["nll"] = list(map(float, text))
+    fs, _ = _findings(data)
+    out = findings.markdown([fs], 0.95)
+    assert fs.between == [] and fs.from_1x == [] and out.count("- none") == 2
+    assert out.startswith(f"0 of {fs.made} comparisons hold")
