@@ -1,12 +1,14 @@
 """Findings: every claim the intervals of a results file support, and nothing else, in words.
 
-Two kinds of claim, each at one eval length, each with its ratio, interval and level (``analysis/intervals.py``:
-"method" when two or more seeds are compared, "this checkpoint" with one):
+Three kinds of claim, each at one eval length, each with its ratio, interval and level
+(``analysis/intervals.py``: "method" when two or more seeds are compared, "this checkpoint" with one):
 
 - **between rows**: row A's ppl over row B's (paired by seed and text), for every pair of rows; listed where
   the interval excludes 1 and the difference is at least MIN_EFFECT, written so that the ratio is below 1
   (A is better);
-- **against its own 1x**: a row's ppl at a length over its ppl at the train length, where that is a finding.
+- **against its own 1x**: a row's ppl at a length over its ppl at the train length, where that is a finding;
+- **extrapolation between rows**: row A's ratio to its own 1x over row B's, past 1x (A keeps its 1x better),
+  the claim "A extrapolates better than B" whatever their 1x.
 
 Lines are grouped by pair (or row) and ordered by their largest effect (|log ratio|), so the strongest
 findings come first. Every comparison is at the report's level (95% by default) and none is corrected for
@@ -45,18 +47,19 @@ class Findings:
     run: str  # the run's label ("" when the report has one run)
     between: list[Finding]
     from_1x: list[Finding]
+    extrapolation: list[Finding]
     made: int  # comparisons made (pairs x lengths, and rows x lengths past 1x)
     levels: set[str]
 
 
-def _oriented(iv: Intervals, a: str, b: str, length: int) -> tuple[str, str, Comparison] | None:
-    """The significant comparison of a and b at ``length``, with the better row first; None otherwise."""
-    c = iv.compare("ppl", a, b, length)
+def _oriented(iv: Intervals, value: str, a: str, b: str, length: int) -> tuple[str, str, Comparison] | None:
+    """The significant comparison of ``value`` of a and b at ``length``, the better row first; None otherwise."""
+    c = iv.compare(value, a, b, length)
     if c is None or not c.significant:
         return None
     if c.interval.value < 1:
         return a, b, c
-    return b, a, iv.compare("ppl", b, a, length)
+    return b, a, iv.compare(value, b, a, length)
 
 
 def run_findings(run: Run, iv: Intervals) -> Findings:
@@ -64,14 +67,16 @@ def run_findings(run: Run, iv: Intervals) -> Findings:
     rows = row_order(run.data)
     T = train_len(run.data["run"])
     lengths = sorted({r["eval_len"] for r in run.data["records"]})
-    between, from_1x, made = [], [], 0
+    found: dict[str, list[Finding]] = {"ppl": [], "ratio": []}
+    from_1x, made = [], 0
     for length in lengths:
         for a, b in combinations(rows, 2):
-            if iv.compare("ppl", a, b, length) is None:
-                continue
-            made += 1
-            if (o := _oriented(iv, a, b, length)) is not None:
-                between.append(Finding(o[0], o[1], length, T, o[2]))
+            for value in ("ppl", "ratio") if length != T else ("ppl",):
+                if iv.compare(value, a, b, length) is None:
+                    continue
+                made += 1
+                if (o := _oriented(iv, value, a, b, length)) is not None:
+                    found[value].append(Finding(o[0], o[1], length, T, o[2]))
         for row in rows if length != T else []:
             c = _ratio_to_1x(iv, row, length)
             if c is None:
@@ -79,8 +84,8 @@ def run_findings(run: Run, iv: Intervals) -> Findings:
             made += 1
             if c.significant:
                 from_1x.append(Finding(row, "", length, T, c))
-    levels = {f.comparison.level for f in between + from_1x}
-    return Findings(run.label, between, from_1x, made, levels)
+    levels = {f.comparison.level for f in found["ppl"] + from_1x + found["ratio"]}
+    return Findings(run.label, found["ppl"], from_1x, found["ratio"], made, levels)
 
 
 def _ratio_to_1x(iv: Intervals, row: str, length: int) -> Comparison | None:
@@ -122,7 +127,7 @@ def markdown(all_findings: Sequence[Findings], ci: float) -> str:
         mixed = len(fs.levels) > 1
         level = next(iter(fs.levels)) if len(fs.levels) == 1 else ""
         head = f"{fs.run}: " if fs.run else ""
-        n = len(fs.between) + len(fs.from_1x)
+        n = len(fs.between) + len(fs.from_1x) + len(fs.extrapolation)
         what = (f"{head}{n} of {fs.made} comparisons hold at {ci:.0%} (interval excludes 1, difference at least "
                 f"{MIN_EFFECT:.1%}; not corrected for the number made)")
         if level:
@@ -135,5 +140,9 @@ def markdown(all_findings: Sequence[Findings], ci: float) -> str:
         out.append("\nAgainst its own 1x: ppl at a length / ppl at the train length, largest change first:\n")
         lines = _grouped(fs.from_1x, lambda f: (f.better,), mixed)
         out += [f"- {row}: {claims}" for _, (row,), claims in lines] or ["- none"]
+        out.append("\nExtrapolation between rows: A's ppl / its 1x over B's (A keeps its 1x better), strongest "
+                   "first:\n")
+        lines = _grouped(fs.extrapolation, lambda f: (f.better, f.worse), mixed)
+        out += [f"- {a} < {b}: {claims}" for _, (a, b), claims in lines] or ["- none"]
         out.append("")
     return "\n".join(out)

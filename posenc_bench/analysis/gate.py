@@ -12,8 +12,9 @@ The allowed rise is the configured tolerance (``gate.ppl_tol``, ``gate.ratio_tol
 encoding row under ``gate.per_encoding``), widened where noise could explain more:
 
 - when both files carry per-unit numbers (``analysis/intervals.py``), a change fails only when it is beyond
-  the tolerance AND its 95% interval excludes 0: the paired bootstrap of current / baseline - 1 over the same
-  eval units (both runs scored the same text) and, with several seeds, the seeds. ``allowed`` is then the
+  the tolerance AND its 95% interval excludes 0: the interval of current / baseline - 1, paired over the same
+  eval units (both runs scored the same text) and seed by seed (``Intervals.compare``: with several seeds a
+  t-interval over the seeds widened by the text's bootstrap). ``allowed`` is then the
   larger of the tolerance and the change minus the interval's lower bound;
 - for older baselines without them, when the baseline has two or more seeds, the tolerance is widened to
   ``gate.sigmas`` standard errors of the difference of two means, from the baseline's seed spread:
@@ -156,7 +157,7 @@ def _cells(data: dict) -> dict[tuple[str, int], tuple[Seeds, Seeds]]:
 
 def _check(enc: str, L: int, T: int, metric: str, b: list[float], c: list[float], limits: tuple[float, float],
            paired: Optional[Intervals] = None) -> Check:
-    """One metric of one cell: ``limits`` (tolerance, sigmas); ``paired`` the bootstrap of both runs, if any."""
+    """One metric of one cell: ``limits`` (tolerance, sigmas); ``paired`` the intervals of both runs, if any."""
     tol, sigmas = limits
     bm, bs = mean_std(b)
     cm, _ = mean_std(c)
@@ -252,7 +253,7 @@ def _notes(baseline: dict, current: dict, checks: list[Check], paired: Optional[
 
 
 def _paired(baseline: dict, current: dict) -> Optional[Intervals]:
-    """The bootstrap of both runs together (rows ``baseline:<row>``, ``current:<row>``): they scored the same
+    """The intervals of both runs together (rows ``baseline:<row>``, ``current:<row>``): they scored the same
     text, so each draw takes the same units in both. None when either lacks per-unit numbers."""
     if not all(any(r.get("units") for r in d["records"]) for d in (baseline, current)):
         return None

@@ -115,7 +115,7 @@ def train_len(run: dict) -> int:
 
 
 def run_intervals(runs: Sequence[Run], ci: float = CI) -> dict[str, Intervals]:
-    """The bootstrap of each run (by label), once per report."""
+    """The intervals of each run (by label), built once per report."""
     return {run.label: Intervals(run.data["records"], ci=ci) for run in runs}
 
 

@@ -1,4 +1,5 @@
-"""Findings: every claim the intervals support, oriented, grouped, ordered by effect, and nothing else."""
+"""Findings: every claim the intervals support (between rows, against 1x, extrapolation between rows), oriented,
+grouped, ordered by effect, and nothing else."""
 
 import math
 
@@ -18,16 +19,19 @@ def _findings(data):
 
 def test_every_listed_claim_is_significant_and_every_significant_one_is_listed():
     fs, iv = _findings(unit_results(seeds=(0, 1, 2)))
-    rows, made, listed = ["rope", "rope-ntk", "alibi", "nope"], 0, set()
+    rows, made, listed = ["rope", "rope-ntk", "alibi", "nope"], 0, {"ppl": set(), "ratio": set()}
     for L in (100, 200):
         for i, a in enumerate(rows):
             for b in rows[i + 1:]:
-                c = iv.compare("ppl", a, b, L)
-                made += 1
-                if c.significant:
-                    listed.add((a, b, L) if c.interval.value < 1 else (b, a, L))
+                for value in ("ppl", "ratio") if L == 200 else ("ppl",):  # ratios to 1x: past 1x only
+                    c = iv.compare(value, a, b, L)
+                    made += 1
+                    if c.significant:
+                        listed[value].add((a, b, L) if c.interval.value < 1 else (b, a, L))
         made += len(rows) if L == 200 else 0  # each row against its own 1x at 2x
-    assert {(f.better, f.worse, f.length) for f in fs.between} == listed
+    assert {(f.better, f.worse, f.length) for f in fs.between} == listed["ppl"]
+    assert {(f.better, f.worse, f.length) for f in fs.extrapolation} == listed["ratio"]
+    assert ("alibi", "rope", 200) in listed["ratio"]  # alibi keeps its 1x (x1.0005 of it), rope does not (x1.3)
     assert fs.made == made
     for f in fs.between:  # written so that the first row is better: its ratio below 1, the interval too
         assert f.comparison.interval.value < 1 and f.comparison.interval.hi < 1 and f.comparison.level == METHOD
@@ -42,7 +46,8 @@ def test_the_markdown_groups_by_pair_strongest_first_and_names_the_level():
     fs, _ = _findings(unit_results(seeds=(0, 1, 2)))
     text = findings.markdown([fs], 0.95)
     lines = [line for line in text.splitlines() if line.startswith("- ")]
-    assert text.startswith(f"{len(fs.between) + len(fs.from_1x)} of {fs.made} comparisons hold at 95%")
+    assert text.startswith(f"{len(fs.between) + len(fs.from_1x) + len(fs.extrapolation)} of {fs.made} comparisons "
+                           "hold at 95%")
     assert "every one is method-level (over the training seeds)" in text
     pairs = {}
     for f in fs.between:
@@ -70,5 +75,5 @@ def test_a_folder_without_differences_says_none():
         r["units"]["nll"] = list(map(float, text))
     fs, _ = _findings(data)
     out = findings.markdown([fs], 0.95)
-    assert fs.between == [] and fs.from_1x == [] and out.count("- none") == 2
+    assert fs.between == [] and fs.from_1x == [] and fs.extrapolation == [] and out.count("- none") == 3
     assert out.startswith(f"0 of {fs.made} comparisons hold")
