@@ -107,10 +107,8 @@ class Encoding(nn.Module):
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int) -> None:
         super().__init__()
-        self.d_model = d_model
-        self.n_heads = n_heads
+        self.d_model, self.n_heads, self.train_len = d_model, n_heads, train_len
         self.head_dim = d_model // n_heads
-        self.train_len = train_len
 
     def set_eval_length(self, length: int) -> None:
         """Called before evaluating windows of ``length`` tokens; raise PositionOutOfRange if impossible."""
@@ -123,8 +121,7 @@ class Encoding(nn.Module):
 
     @classmethod
     def eval_options(cls, options: dict) -> dict:
-        """The resolved eval-time options that make this row's numbers (part of the eval key and the records):
-        {} where the row evaluates as it always has."""
+        """Resolved eval-time options that make this row's numbers (eval key, records); {}: evaluated as ever."""
         return {}
 
     @classmethod
@@ -134,14 +131,13 @@ class Encoding(nn.Module):
         return {}
 
     def for_layer(self, layer: int) -> "Encoding":
-        """The encoding as attention layer ``layer`` (0-based) sees it: itself, unless the encoding keeps
-        parameters per layer (CoPE's position tables), when it returns that layer's view."""
+        """The encoding as attention layer ``layer`` sees it: itself, or that layer's view (CoPE's tables)."""
         return self
 
     def set_eval_windows(self, windows: Optional[torch.Tensor]) -> None:
         """Called before each eval forward with the run-wide index (B,) int64 of each window in the batch (None
         after evaluation): an encoding whose eval positions are random (``+rand``) seeds them by window, so
-        every run and every row scores the same positions."""
+        every run scores the same positions."""
 
     def positions(self, batch: int, length: int, device: torch.device) -> torch.Tensor:
         """The positions of a window of ``length`` tokens: (T,) 0 .. T-1, or (B, T) positions per sequence."""
