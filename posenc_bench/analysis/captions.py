@@ -81,13 +81,22 @@ def caption(run: dict, records: Optional[list[dict]] = None) -> str:
     m, t = cfg["model"], cfg["train"]
     seeds = cfg["seeds"]
     return (
-        f"Byte-level LM, {_params(run, records)} parameters ({m['n_layers']} layers, width {m['d_model']}, "
+        f"{_tokens(run)} LM, {_params(run, records)} parameters ({m['n_layers']} layers, width {m['d_model']}, "
         f"{m['n_heads']} heads), trained {t['steps']} steps x {t['batch_size']} x {t['train_len']} tokens "
         f"(lr {t['lr']:g}); corpus {run['corpus']['source']} ({run['corpus']['fingerprint']}), "
         f"{run['eval_tokens']:,} {cfg['eval']['split']} tokens scored at every length "
         f"(eval {run['eval_fingerprint']}){_protocol(cfg)}; seeds {','.join(map(str, seeds))}; device {run['device']}; "
         f"torch {run['versions']['torch']}; {_commits(run, records)}."
     )
+
+
+def _tokens(run: dict) -> str:
+    """"Byte-level", or the BPE a run was tokenized with, its fingerprint and its bytes per test token."""
+    tok = run.get("tokenizer")
+    if not isinstance(tok, dict):
+        return "Byte-level"
+    per = f", {run['eval_bytes'] / run['eval_tokens']:.2f} bytes a test token" if run.get("eval_bytes") else ""
+    return f"Byte-level BPE ({tok['name']}, {tok['fingerprint']}{per})"
 
 
 def hf_caption(run: dict) -> str:

@@ -227,6 +227,41 @@ def plot_ppl_vs_length(runs: Sequence[Run], out: Path, formats: Sequence[str] = 
     return _save(fig, out, "ppl_vs_length" if value == "ppl" else "ratio_vs_length", formats)
 
 
+def plot_robustness(runs: Sequence[Run], out: Path, formats: Sequence[str] = FORMATS, stem: str = "robustness"
+                    ) -> list[Path]:
+    """Each row's ppl at the longest length over its own 1x, one marker per setting (run) with its interval
+    (``analysis/robustness.py``'s table as a figure): the rows every setting holds, in the first run's order."""
+    from posenc_bench.analysis.robustness import Setting
+
+    settings = [Setting.of(run, 0.95) for run in runs]
+    rows = [r for r in row_order(runs[0].data) if all(r in s.iv.rows for s in settings)]
+    if len(settings) < 2 or not rows:
+        raise PlotError("a robustness figure needs two or more settings with rows in common")
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows) + 2), 4.2))
+    width = 0.8 / len(settings)
+    for i, s in enumerate(settings):
+        xs, ys, err = [], [], [[], []]
+        for j, row in enumerate(rows):
+            got = s.iv.interval("ratio", row, s.longest)
+            if got is None or not math.isfinite(got.value):
+                continue
+            xs.append(j - 0.4 + width * (i + 0.5))
+            ys.append(got.value)
+            err[0].append(max(0.0, got.value - got.lo))
+            err[1].append(max(0.0, got.hi - got.value))
+        ax.errorbar(xs, ys, yerr=err, fmt="o", capsize=3, label=f"{s.label} ({s.longest // s.T}x)", color=style(i)["color"])
+    ax.axhline(1.0, color="0.5", linewidth=0.8)
+    ax.set_xticks(range(len(rows)), rows, rotation=30, ha="right")
+    ax.set_ylabel("ppl at the longest length / ppl at 1x")
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.suptitle("Extrapolation per setting: each row against its own 1x (95% intervals; paired by seed and text)")
+    _caption(fig, runs)
+    return _save(fig, out, stem, formats)
+
+
 def _loss_by_position(records: list[dict], row: str) -> tuple[int, list[tuple[float, float]]] | None:
     """At the longest length where ``row`` is ok: (length, [(bucket middle, loss)]) averaged over seeds,
     token-weighted per bucket."""

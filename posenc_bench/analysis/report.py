@@ -23,7 +23,7 @@ from tabulate import tabulate
 
 from posenc_bench.analysis.captions import caption
 from posenc_bench.analysis.context import CONTEXT_TABLES, CONTEXT_TITLES
-from posenc_bench.analysis import findings
+from posenc_bench.analysis import findings, robustness
 from posenc_bench.analysis.intervals import CI, MIN_EFFECT, VALUES as TABLE_VALUES, Intervals
 from posenc_bench.analysis.tables import (Cell, ReportError, Run, Table, annotate, build_table, compare_table,
                                           run_intervals)
@@ -40,7 +40,7 @@ SIGNIFICANT_BEST_NOTE = ("bold: best in its column and better than every other r
                          "lowest mean when it is not bold, and the rows not shown to differ from it)")
 MARKER_OPEN = "<!-- posenc-bench {kind}: {key} -->"
 MARKER_CLOSE = "<!-- /posenc-bench {kind} -->"
-BLOCK_KINDS = ("table", "findings")  # what a README block holds: `report` tables, or `report --findings`
+BLOCK_KINDS = ("table", "findings", "robustness")  # what a README block holds: `report` tables, --findings, --robustness
 
 
 def records_frame(records: Iterable[dict]) -> pd.DataFrame:
@@ -199,6 +199,18 @@ def render_findings(runs: Sequence[Run], *, ci: float = CI) -> str:
                    + intervals[run.label].describe().capitalize() + ".\n")
         out.append(findings.markdown([findings.run_findings(run, intervals[run.label])], ci))
     return "\n".join(out)
+
+
+def render_robustness(runs: Sequence[Run], claims: Optional[Run] = None, *, ci: float = CI) -> str:
+    """`report --robustness`: the same rows under several settings (``analysis/robustness.py``), after each
+    setting's caption."""
+    if len(runs) < 2:
+        raise ReportError(f"--robustness compares settings: give two or more results folders, got {len(runs)}")
+    out = ["Settings:\n"]
+    out += [f"- {run.label}: {caption(run.data['run'], run.data['records'])}" for run in runs]
+    if claims is not None:
+        out.append(f"- claims from {claims.path}: {caption(claims.data['run'], claims.data['records'])}")
+    return "\n".join(out) + "\n\n" + robustness.markdown(runs, claims, ci=ci)
 
 
 def _best_note(table: Table, intervals: dict[str, Intervals], mark_best: bool) -> str:

@@ -5,7 +5,8 @@ A checkpoint is a folder ``<out>/checkpoints/<trained row>-seed<s>`` (a ``-ft`` 
 - ``model.safetensors``: the weights (absent for a diverged run: its meta records why);
 - ``config.json``: the meta, written last, so it is the "finished" marker: ``cell_key`` (what the weights
   depend on), ``encoding``, ``window``, ``seed``, the run ``config``, ``corpus_fingerprint``, the training
-  ``outcome`` (and ``finetune`` for a -ft row), and ``weights_sha256``, the hash of the weights file at save.
+  ``outcome`` (and ``finetune`` for a -ft row), ``weights_sha256``, the hash of the weights file at save, and
+  ``tokenizer`` (a BPE's name and fingerprint; absent for bytes).
 
 Each file goes to a temporary name and is renamed into place, so a reader sees a whole file or none; an old
 ``config.json`` is removed before new weights are written, so a crash in between leaves no meta beside
@@ -25,8 +26,9 @@ from typing import Optional
 import torch
 
 from posenc_bench import encodings
-from posenc_bench.bench.config import RunConfig, config_from_dict
+from posenc_bench.bench.config import RunConfig, config_from_dict, load_run_corpus
 from posenc_bench.bench.rows import Row
+from posenc_bench.data import Corpus
 from posenc_bench.errors import ConfigError, PosencError
 from posenc_bench.files import atomic_write, atomic_write_text
 from posenc_bench.model.transformer import DecoderLM
@@ -83,6 +85,18 @@ class Checkpoint:
     @property
     def config(self) -> RunConfig:
         return config_from_dict(self.meta["config"])
+
+    def corpus(self, cfg: Optional[RunConfig] = None) -> Corpus:
+        """The corpus of this checkpoint's config (or ``cfg``), read with the tokenizer it was trained with: a BPE
+        from the results folder the checkpoint is in (else trained again from the same split), refused when
+        it is not the checkpoint's own (its fingerprint in the meta)."""
+        cfg = cfg or self.config
+        corpus = load_run_corpus(cfg, self.path.parent.parent, save=False)
+        own = (self.meta.get("tokenizer") or {}).get("fingerprint")
+        if own != corpus.tokenizer.fingerprint:
+            raise CheckpointError(f"checkpoint {str(self.path)!r} was trained with tokenizer {own or 'bytes'}; its "
+                                  f"config's {cfg.data.tokenizer} is {corpus.tokenizer.fingerprint or 'bytes'} here")
+        return corpus
 
     def load_into(self, model: DecoderLM) -> DecoderLM:
         """``model`` with these weights (strict: every tensor must fit), verified against the recorded hash."""

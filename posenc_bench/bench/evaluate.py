@@ -14,7 +14,8 @@
    window, the segment's leading token). This is the same for every length; only the context changes.
 4. ppl = exp(sum of target NLL / number of targets), token-weighted over all windows and segments;
    bpb = sum NLL / ln 2 / bytes of text behind the targets (BOS targets mark document starts, 0 bytes; with
-   another tokenizer, ``token_bytes`` gives each token's UTF-8 bytes, see ``hf/tokenize.py``).
+   another tokenizer, ``token_bytes`` gives each token's UTF-8 bytes: our BPE's table, ``tokenizer.py``, or a
+   Hugging Face tokenizer's offsets, ``hf/tokenize.py``).
 5. For intervals (``analysis/intervals.py``) each result also keeps the NLL sum, target count and byte count of
    every resampling unit: consecutive blocks of ``Scoring.unit`` targets (the run's longest eval length) within
    each segment, numbered segment by segment. A unit is a set of target positions, so it is the same text at
@@ -249,6 +250,8 @@ class EvalSet:
     scoring: Scoring
     documents: dict = field(default_factory=dict)  # name -> targets it holds, of each document scored
     skipped: Optional[int] = None  # eval.windows documents: the split's documents shorter than a segment
+    token_bytes: Optional[torch.Tensor] = None  # (N, S + 1) bytes behind each token; None: byte tokens
+    tokenizer: Optional[dict] = None  # a BPE's name and fingerprint (part of the eval fingerprint); None: bytes
 
     @classmethod
     def for_run(cls, cfg, corpus) -> "EvalSet":
@@ -263,15 +266,23 @@ class EvalSet:
         if cfg.eval.windows == "documents":
             segments, names = spread_segments(docs, S, cfg.eval.tokens)
             skipped = sum(1 for _, tokens in docs if tokens.numel() < S + 1)
-            return cls(segments, lengths, scoring, {n: S * names.count(n) for n in dict.fromkeys(names)}, skipped)
-        segments = eval_segments(torch.cat([tokens for _, tokens in docs]), S, cfg.eval.tokens)
-        return cls(segments, lengths, scoring, stream_documents(docs, segments.shape[0] * S))
+            out = cls(segments, lengths, scoring, {n: S * names.count(n) for n in dict.fromkeys(names)}, skipped)
+        else:
+            segments = eval_segments(torch.cat([tokens for _, tokens in docs]), S, cfg.eval.tokens)
+            out = cls(segments, lengths, scoring, stream_documents(docs, segments.shape[0] * S))
+        tok = corpus.tokenizer
+        if tok.fingerprint is not None:  # a BPE: bits per byte from its tokens' bytes
+            out.token_bytes = tok.token_bytes()[out.segments]  # (N, S + 1)
+            out.tokenizer = {"name": tok.name, "fingerprint": tok.fingerprint}
+        return out
 
     def meta(self) -> dict:
-        """What the run's metadata records of the text: the documents scored (targets each), and how many the
-        document-bounded windows skipped."""
+        """What the run's metadata records of the text: the documents scored (targets each), how many the
+        document-bounded windows skipped, and a BPE's name and fingerprint (``tokenizer``) and the bytes of text
+        behind the targets (``eval_bytes``)."""
         return {"eval_documents": self.documents,
-                **({"eval_documents_skipped": self.skipped} if self.skipped is not None else {})}
+                **({"eval_documents_skipped": self.skipped} if self.skipped is not None else {}),
+                **({"tokenizer": self.tokenizer, "eval_bytes": int(self.token_bytes[:, 1:].sum())} if self.tokenizer else {})}
 
 
 def stream_documents(docs: list[tuple[str, torch.Tensor]], targets: int) -> dict:
@@ -293,4 +304,5 @@ def evaluate_model(model, evalset: EvalSet, length: int, rt) -> dict:
     model.eval()
     with rt.autocast_context():
         return score_windows(logits_nll(model), evalset.segments, length, evalset.scoring, device=rt.device,
-                             show_progress=rt.show_progress, on_windows=model.encoding.set_eval_windows)
+                             show_progress=rt.show_progress, token_bytes=evalset.token_bytes,
+                             on_windows=model.encoding.set_eval_windows)

@@ -50,7 +50,7 @@ def cell_key(cfg: RunConfig, trained: Row, seed: int, corpus_fingerprint: str) -
         "seed": seed,
         "model": model,
         "train": asdict(cfg.train),
-        "data": asdict(cfg.data),
+        "data": data_ident(cfg),
         "corpus": corpus_fingerprint,
         "precision": cfg.precision,
         "version": __version__,
@@ -59,6 +59,15 @@ def cell_key(cfg: RunConfig, trained: Row, seed: int, corpus_fingerprint: str) -
     if resolved:  # e.g. +rand's position range; absent for every other encoding, whose keys stay as they were
         ident["resolved_options"] = resolved
     return _hash(ident)
+
+
+def data_ident(cfg: RunConfig) -> dict:
+    """The data section as a key holds it: without the tokenizer when it is bytes, the tokenizer every key
+    was made with before there was a choice (its BPE's fingerprint is in the corpus fingerprint too)."""
+    data = asdict(cfg.data)
+    if data.get("tokenizer") == "bytes":
+        del data["tokenizer"]
+    return data
 
 
 def finetune_key(base_key: str, cfg: RunConfig, row: Row) -> str:

@@ -228,24 +228,26 @@ class HFPasskeyLM:
 
 
 class CheckpointLM:
-    """A checkpoint written by `posenc-bench run` (byte tokens, BOS first), with its trained encoding or an
-    eval-only variant of it (e.g. rope-yarn on the rope checkpoint)."""
+    """A checkpoint written by `posenc-bench run` (its tokenizer's tokens, BOS first: bytes, or the BPE of its
+    results folder), with its trained encoding or an eval-only variant of it (e.g. rope-yarn on the rope
+    checkpoint)."""
 
     def __init__(self, path: Path | str, encoding: Optional[str] = None, device: str = "auto") -> None:
         from posenc_bench.bench import checkpoint
-        from posenc_bench.data import BOS
         from posenc_bench.env import resolve_device
+        from posenc_bench.tokenizer import ByteTokenizer
 
         self.device = resolve_device(device)
         self.model, ckpt = checkpoint.load_model(path, encoding, self.device)
         name, window = encoding or ckpt.meta["encoding"], ckpt.meta["window"]
         self.name = name + (f"+sw{window}" if window else "") + f" ({ckpt.path})"
         self.train_len = ckpt.config.train.train_len
-        self.bos = BOS
+        self.tokenizer = ByteTokenizer() if ckpt.config.data.tokenizer == "bytes" else ckpt.corpus().tokenizer
+        self.bos = self.tokenizer.bos
         self.checkpoint_meta = {"path": str(ckpt.path), "cell_key": ckpt.meta.get("cell_key"), "encoding": name}
 
     def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
+        return self.tokenizer.encode_documents([text.encode("utf-8")])[0].tolist()
 
     def prefix(self) -> list[int]:
         return [self.bos]

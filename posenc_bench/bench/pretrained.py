@@ -25,7 +25,7 @@ from typing import Callable, Optional
 import torch
 
 from posenc_bench.bench import checkpoint
-from posenc_bench.bench.config import DEFAULT_EVAL_LENS, RunConfig, load_run_corpus, parse_eval_lens, validate
+from posenc_bench.bench.config import DEFAULT_EVAL_LENS, RunConfig, parse_eval_lens, validate
 from posenc_bench.bench.evaluate import (EvalSet, Scoring, documents_per_window, evaluate_length, evaluate_model,
                                          segment_length)
 from posenc_bench.bench.keys import eval_key, hf_eval_key
@@ -302,7 +302,7 @@ def eval_checkpoint(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], Non
     trained, window, seed = meta["encoding"], meta["window"], meta["seed"]
     cfg = _checkpoint_config(ckpt, opts)
     rt = Runtime.create(cfg.device, cfg.precision, show_progress=opts.show_progress, log=log)
-    corpus = load_run_corpus(cfg)
+    corpus = ckpt.corpus(cfg)
     if corpus.fingerprint != meta.get("corpus_fingerprint"):
         log(f"  note: corpus {cfg.data.source!r} ({corpus.fingerprint}) is not the one this model was trained on "
             f"({meta.get('corpus_fingerprint')})")

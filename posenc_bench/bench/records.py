@@ -175,7 +175,8 @@ def run_meta(*, rows: list[str], train_len: int, eval_lengths: list[int], segmen
 
     S = segments.shape[1] - 1
     meta = {**extra, "rows": rows, "train_len": train_len, "eval_lengths": eval_lengths, "segment_len": S,
-            "eval_tokens": int(segments.shape[0] * S), "eval_fingerprint": tokens_fingerprint(segments),
+            "eval_tokens": int(segments.shape[0] * S),
+            "eval_fingerprint": tokens_fingerprint(segments, (extra.get("tokenizer") or {}).get("fingerprint")),
             "corpus": corpus, "device": device, "git_commit": git_commit(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     meta["versions"] = {**versions(), **meta.get("versions", {})}

@@ -35,6 +35,7 @@ from posenc_bench.data import Corpus, TrainBatches
 from posenc_bench.env import device_description
 from posenc_bench.files import atomic_write_text
 from posenc_bench.model.transformer import DecoderLM
+from posenc_bench.tokenizer import keep_tokenizer
 
 
 @dataclass
@@ -144,8 +145,10 @@ class Models:
         return out
 
     def _meta(self, key: str, row: Row, seed: int, **fields) -> dict:
+        tokenizer = self.corpus.tokenizer
         return {"cell_key": key, "encoding": row.encoding, "window": row.window, "seed": seed,
-                "config": self.cfg.to_dict(), "corpus_fingerprint": self.corpus.fingerprint, **fields}
+                "config": self.cfg.to_dict(), "corpus_fingerprint": self.corpus.fingerprint,
+                **({"tokenizer": tokenizer.describe()} if tokenizer.fingerprint else {}), **fields}
 
     def _finish(self, ckpt: Path, model: DecoderLM, outcome: TrainOutcome, meta: dict, what: str
                 ) -> tuple[Optional[DecoderLM], dict]:
@@ -170,7 +173,7 @@ def check_train_split(cfg: RunConfig, corpus: Corpus) -> None:
     from posenc_bench.errors import DataError
 
     docs = corpus.splits["train"]
-    tokens = sum(len(text) + 1 for _, text in docs)  # BOS + bytes per document: the length of the stream
+    tokens = sum(t.numel() for _, t in corpus.document_tokens("train")) if docs else 0  # the stream's length
     needs = [cfg.train.train_len]
     if any(row.finetuned for row in cfg.rows()):
         needs.append(cfg.finetune_plan().len)
@@ -193,7 +196,7 @@ class Sweep:
         self.out = Path(cfg.out)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        self.corpus = load_run_corpus(cfg)
+        self.corpus = load_run_corpus(cfg, self.out, save=False)  # a BPE kept in the folder, or trained here
         self.evalset = EvalSet.for_run(cfg, self.corpus)
         check_train_split(cfg, self.corpus)
         self.keys = Keys(cfg, self.corpus.fingerprint)
@@ -230,6 +233,7 @@ class Sweep:
             if fresh:
                 remove_outputs(self.out, self.cfg, self.shard)
             self.store = self.folder.open_store(self.run_meta)
+            keep_tokenizer(self.out, self.corpus.tokenizer)  # resume, shards and checkpoint evals load it from here
             try:
                 self.store.run["params"] = row_params(self.cfg, self.store.run["rows"])  # earlier invocations' rows too
                 # the folder's config: this one with the encodings and seeds of every invocation that wrote here
@@ -300,7 +304,7 @@ def train_worker(cfg: RunConfig, dist: Dist) -> None:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     rt = Runtime.create(cfg.device, cfg.precision, dist=dist, show_progress=False, log=lambda line: None)
-    corpus = load_run_corpus(cfg)
+    corpus = load_run_corpus(cfg, cfg.out, save=False)
     stream = corpus.stream("train")
     while True:
         command = dist.broadcast()

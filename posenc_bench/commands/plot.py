@@ -13,6 +13,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     pl.add_argument("--out", default="figures", help="output folder (default: figures)")
     pl.add_argument("--formats", default="png,svg", help="comma list of png, svg (default: png,svg)")
     pl.add_argument("--rows", help="rows to draw, as run --encodings: rope,alibi | -learned (remove) | all (default)")
+    pl.add_argument("--robustness", action="store_true",
+                    help="the results are settings of the same rows (see report --robustness): draw each row's ratio "
+                         "to 1x at the longest length per setting, robustness.png/svg, and nothing else")
     return pl
 
 
@@ -20,7 +23,14 @@ def cmd(args: argparse.Namespace) -> int:
     from posenc_bench.analysis import plots
     from posenc_bench.analysis.tables import load_runs
 
+    from pathlib import Path
+
     runs = load_runs(args.results)
-    for path in plots.plot_all(runs, args.out, split_commas(args.formats), rows=args.rows):
+    if args.robustness:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        paths = plots.plot_robustness(runs, Path(args.out), split_commas(args.formats))
+    else:
+        paths = plots.plot_all(runs, args.out, split_commas(args.formats), rows=args.rows)
+    for path in paths:
         print(f"wrote {path}")
     return 0

@@ -33,6 +33,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
                          "and each row against its own 1x), with its ratio, interval and level (method, or this "
                          "checkpoint with one seed); with --update, the block '<!-- posenc-bench findings: RESULTS "
                          "-->'")
+    rp.add_argument("--robustness", action="store_true",
+                    help="the results are settings of the same rows (tokenizer, model size, ...): each row's ratio "
+                         "to 1x per setting, Kendall's tau between the settings' rankings at the longest length, "
+                         "and whether each claim holds in every setting; with --update, the block "
+                         "'<!-- posenc-bench robustness: RESULTS -->'")
+    rp.add_argument("--claims", metavar="RESULTS",
+                    help="with --robustness: the results folder whose findings are checked (default: the first "
+                         "setting), e.g. the headline's")
     rp.add_argument("--out", help="write to this file (atomically) instead of printing")
     rp.add_argument("--update", metavar="FILE",
                     help="rewrite the block between '<!-- posenc-bench table: RESULTS -->' and "
@@ -47,18 +55,26 @@ def cmd(args: argparse.Namespace) -> int:
 
     runs = load_runs(args.results)
     fmt = report.format_for(args.out, FORMAT_ALIASES.get(args.format, args.format))
-    if (args.update or args.findings) and fmt != "md":
-        what = "--findings" if args.findings else "--update"
+    if args.claims and not args.robustness:
+        raise PosencError("--claims goes with --robustness (the folder whose findings each setting is checked for)")
+    if args.findings and args.robustness:
+        raise PosencError("--findings and --robustness are two reports: give one")
+    if (args.update or args.findings or args.robustness) and fmt != "md":
+        what = "--findings" if args.findings else "--robustness" if args.robustness else "--update"
         raise PosencError(f"{what} writes Markdown; drop --format {fmt}" + ("" if args.findings else " (or write it with --out)"))
     if not 0 < args.ci < 1:
         raise PosencError(f"--ci {args.ci:g}: the level must be between 0 and 1 (e.g. 0.95, 0.9)")
     if args.findings:
         text = report.render_findings(runs, ci=args.ci)
+    elif args.robustness:
+        claims = load_runs([args.claims])[0] if args.claims else None
+        text = report.render_robustness(runs, claims, ci=args.ci)
     else:
         text = report.render(runs, fmt=fmt, values=args.value, digits=args.digits, mark_best=not args.no_best,
                              ci=args.ci, compare=args.compare)
     if args.update:
-        key, kind = report.marker_key(args.results), "findings" if args.findings else "table"
+        key = report.marker_key(args.results)
+        kind = "findings" if args.findings else "robustness" if args.robustness else "table"
         changed = report.update_file(args.update, key, text, kind)
         print(f"{'updated' if changed else 'already up to date'}: {args.update} ({kind} block {key})")
     if args.out:

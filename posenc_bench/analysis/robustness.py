@@ -1,0 +1,162 @@
+"""Does a ranking survive a change of setting? The same rows under several settings (tokenizer, model size, ...).
+
+Each setting is one results folder of the same rows on the same corpus (a setting's own eval tokens: its
+tokenizer's). From those files alone (``posenc-bench report SETTING... --robustness [--claims HEADLINE]``):
+
+- **the ratio table**: each row's ppl at its longest length over its own 1x, per setting, with the interval of
+  ``analysis/intervals.py`` (seed level with two seeds or more; the t quantile of k - 1 degrees of freedom makes
+  two seeds' intervals wide: 12.7 standard errors at 95%);
+- **the ranking's agreement**: Kendall's tau-b between the settings' rankings of the rows by mean ppl at the
+  longest length, on the rows both hold, with the pairs whose order flips;
+- **the claims**: every finding of the claims run (``analysis/findings.py``, by default the first setting) at its
+  longest length, between rows all settings hold, checked in each setting: *holds* (the setting's interval
+  supports it too), *reversed* (it supports the opposite), or not shown there, said with the direction of its
+  point estimate (*same way* or *other way*).
+
+Ratios to 1x compare across tokenizers as "how much worse at 4x its train length"; absolute ppl does not (a
+token is a byte in one setting and about four in another): compare bits per byte for that.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Optional, Sequence
+
+from posenc_bench.analysis.findings import Finding, run_findings
+from posenc_bench.analysis.intervals import CI, MIN_EFFECT, Interval, Intervals
+from posenc_bench.analysis.tables import Run, row_order, train_len
+
+HOLDS, REVERSED, SAME_WAY, OTHER_WAY, MISSING = "holds", "reversed", "same way, not shown", "other way, not shown", "n/a"
+
+
+@dataclass
+class Setting:
+    run: Run
+    iv: Intervals
+    T: int  # train length
+    longest: int  # longest eval length
+
+    @classmethod
+    def of(cls, run: Run, ci: float) -> "Setting":
+        lengths = sorted({r["eval_len"] for r in run.data["records"]})
+        return cls(run, Intervals(run.data["records"], ci=ci), train_len(run.data["run"]), lengths[-1])
+
+    @property
+    def label(self) -> str:
+        return self.run.label or self.run.path
+
+    def ppl_means(self, rows: Sequence[str]) -> dict[str, float]:
+        """Mean ppl over seeds at the longest length, of each of ``rows`` that has one."""
+        out = {}
+        for row in rows:
+            iv = self.iv.interval("ppl", row, self.longest)
+            if iv is not None and math.isfinite(iv.value):
+                out[row] = iv.value
+        return out
+
+
+def kendall_tau(a: dict[str, float], b: dict[str, float]) -> tuple[float, int, list[tuple[str, str]]]:
+    """(tau-b, rows compared, the pairs ordered one way in ``a`` and the other in ``b``) over the rows both hold."""
+    rows = [r for r in a if r in b]
+    concordant = discordant = ties_a = ties_b = 0
+    flips = []
+    for x, y in combinations(rows, 2):
+        da, db = a[x] - a[y], b[x] - b[y]
+        if da == 0 or db == 0:
+            ties_a += da == 0
+            ties_b += db == 0
+            continue
+        if (da > 0) == (db > 0):
+            concordant += 1
+        else:
+            discordant += 1
+            flips.append((x, y) if da < 0 else (y, x))  # the pair as ``a`` orders it (better first)
+    n0 = len(rows) * (len(rows) - 1) / 2
+    denom = math.sqrt((n0 - ties_a) * (n0 - ties_b))
+    return ((concordant - discordant) / denom if denom else float("nan")), len(rows), flips
+
+
+def _check(setting: Setting, f: Finding, kind: str) -> tuple[str, Optional[Interval]]:
+    """How claim ``f`` (of ``kind``: between | from_1x | extrapolation) fares in ``setting`` at the same multiple
+    of its train length."""
+    length = round(f.length / f.train_len * setting.T)
+    iv = setting.iv
+    if kind == "from_1x":
+        got = iv.interval("ratio", f.better, length)
+        if got is None:
+            return MISSING, None
+        want_up = f.comparison.interval.value > 1
+        up, shown = got.value > 1, got.excludes(1.0) and abs(got.value - 1) >= MIN_EFFECT
+    else:
+        c = iv.compare("ppl" if kind == "between" else "ratio", f.better, f.worse, length)
+        if c is None:
+            return MISSING, None
+        got, want_up, up, shown = c.interval, False, c.interval.value > 1, c.significant
+    if shown:
+        return (HOLDS if up == want_up else REVERSED), got
+    return (SAME_WAY if up == want_up else OTHER_WAY), got
+
+
+def _claim_text(f: Finding, kind: str) -> str:
+    i = f.comparison.interval
+    what = {"between": f"{f.better} < {f.worse} (ppl)", "from_1x": f"{f.better} vs its 1x",
+            "extrapolation": f"{f.better} < {f.worse} (ratio to 1x)"}[kind]
+    return f"{what}: {i.value:.3f} [{i.lo:.3f}, {i.hi:.3f}]"
+
+
+def _cell(status: str, got: Optional[Interval]) -> str:
+    return status if got is None else f"{status} {got.value:.3f} [{got.lo:.3f}, {got.hi:.3f}]"
+
+
+def markdown(settings_runs: Sequence[Run], claims_run: Optional[Run] = None, *, ci: float = CI) -> str:
+    """The robustness report (module docstring) of ``settings_runs``, with the claims of ``claims_run``."""
+    settings = [Setting.of(r, ci) for r in settings_runs]
+    claims = Setting.of(claims_run, ci) if claims_run is not None else settings[0]
+    rows = [r for r in row_order(settings[0].run.data) if all(r in s.iv.rows for s in settings)]
+    out = [f"Each row's ppl at the longest length over its own 1x, {ci:.0%} intervals:\n", "| row | " + " | ".join(f"{s.label} ({s.longest // s.T}x)" for s in settings) + " |",
+           "|---|" + "---|" * len(settings)]
+    for row in rows:
+        cells = []
+        for s in settings:
+            got = s.iv.interval("ratio", row, s.longest)
+            cells.append("n/a" if got is None or not math.isfinite(got.value)
+                         else f"{got.value:.2f} [{got.lo:.2f}, {got.hi:.2f}]")
+        out.append(f"| {row} | " + " | ".join(cells) + " |")
+    means = {s.label: s.ppl_means(rows) for s in settings}
+    out += ["", "Rankings by mean ppl at the longest length (best first):\n"]
+    out += [f"- {label}: " + " < ".join(sorted(m, key=m.get)) for label, m in means.items()]
+    out += ["", "Kendall's tau-b between the rankings (1: the same order; 0: unrelated), and the pairs that flip:\n"]
+    for a, b in combinations(settings, 2):
+        tau, n, flips = kendall_tau(means[a.label], means[b.label])
+        flipped = "; ".join(f"{x} < {y} in {a.label}, not in {b.label}" for x, y in flips) or "none"
+        out.append(f"- {a.label} vs {b.label}: tau {tau:.2f} over {n} rows; flips: {flipped}")
+    out += ["", _claims_block(claims, settings, rows)]
+    return "\n".join(out) + "\n"
+
+
+def _claims_block(claims: Setting, settings: list[Setting], rows: list[str]) -> str:
+    fs = run_findings(claims.run, claims.iv)
+    keep = set(rows)
+    items = [(f, kind) for kind, found in (("between", fs.between), ("extrapolation", fs.extrapolation),
+                                           ("from_1x", fs.from_1x))
+             for f in found if f.length == claims.longest and f.better in keep and (not f.worse or f.worse in keep)]
+    items.sort(key=lambda fk: (-fk[0].effect, _claim_text(*fk)))
+    head = (f"Claims of {claims.label} at its longest length ({claims.longest // claims.T}x) between rows every "
+            f"setting holds, checked in each setting at the same multiple: *{HOLDS}* (its interval supports it), "
+            f"*{REVERSED}*, or not shown there and which way its estimate points.\n")
+    if not items:
+        return head + "\n(no claim at that length)\n"
+    table = ["| claim | " + " | ".join(s.label for s in settings) + " | in every setting |",
+             "|---|" + "---|" * (len(settings) + 1)]
+    every = reversed_ = 0
+    for f, kind in items:
+        checked = [_check(s, f, kind) for s in settings]
+        holds = all(status == HOLDS for status, _ in checked)
+        every += holds
+        reversed_ += any(status == REVERSED for status, _ in checked)
+        table.append(f"| {_claim_text(f, kind)} | " + " | ".join(_cell(*c) for c in checked)
+                     + f" | {'yes' if holds else 'no'} |")
+    return (head + f"\n{every} of {len(items)} claims hold in every setting; {reversed_} are reversed in at least "
+            "one.\n\n" + "\n".join(table) + "\n")

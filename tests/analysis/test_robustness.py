@@ -1,0 +1,94 @@
+"""`report --robustness`: ratio table, Kendall's tau and each claim checked per setting (analysis/robustness.py)."""
+
+import numpy as np
+import pytest
+
+from posenc_bench.analysis import robustness
+from posenc_bench.analysis.findings import run_findings
+from posenc_bench.analysis.tables import load_runs
+from posenc_bench.commands.cli import main
+from tests.analysis.fake_results import run_meta, urec, write
+
+ROWS = ("a", "b", "c")
+
+
+def setting(folder, at_4x, seeds=(0, 1, 2), seed_sd=0.002, n=40):
+    """Rows a, b, c with 1x NLL multipliers 1.0, 1.01, 1.02 and the given 4x multipliers (row -> factor of its 1x,
+    or a tuple: one per seed),
+    each seed's model off by random factors of sd ``seed_sd`` (at 1x, and on its 4x factor); train length 100, eval
+    at 100 and 400."""
+    rng = np.random.default_rng(sum(map(ord, folder.name)))  # each setting its own draws, whatever the path
+    text = rng.gamma(50, 1.5, size=n)
+    recs = []
+    for s in seeds:
+        for i, row in enumerate(ROWS):
+            luck = 1 + rng.normal(0, seed_sd)
+            recs.append(urec(row, s, 100, text * (1 + 0.01 * i) * luck))
+            factor = at_4x[row][s] if isinstance(at_4x[row], tuple) else at_4x[row] * (1 + rng.normal(0, seed_sd))
+            recs.append(urec(row, s, 400, text * (1 + 0.01 * i) * luck * factor))
+    for r in recs:
+        r["ratio"] = r["eval_len"] / 100
+    return write(folder, {"schema_version": 1, "run": run_meta(list(ROWS), seeds=seeds), "records": recs})
+
+
+def test_kendall_tau_counts_concordant_pairs_and_names_the_flips():
+    a = {"x": 1.0, "y": 2.0, "z": 3.0}
+    assert robustness.kendall_tau(a, a) == (1.0, 3, [])
+    tau, n, flips = robustness.kendall_tau(a, {"x": 3.0, "y": 2.0, "z": 1.0})
+    assert (tau, n) == (-1.0, 3) and sorted(flips) == [("x", "y"), ("x", "z"), ("y", "z")]
+    tau, n, flips = robustness.kendall_tau(a, {"x": 2.0, "y": 1.0, "z": 3.0, "w": 0.0})  # w: only in one
+    assert tau == pytest.approx(1 / 3) and n == 3 and flips == [("x", "y")]
+    tau, _, _ = robustness.kendall_tau(a, {"x": 1.0, "y": 1.0, "z": 3.0})  # a tie: tau-b
+    assert tau == pytest.approx(2 / np.sqrt(3 * 2))
+
+
+def test_each_claim_holds_reverses_or_is_not_shown_in_each_setting(tmp_path):
+    head = setting(tmp_path / "head", {"a": 1.10, "b": 1.30, "c": 1.60})
+    same = setting(tmp_path / "same", {"a": 1.12, "b": 1.28, "c": 1.70})
+    flipped = setting(tmp_path / "flipped", {"a": 1.60, "b": 1.30, "c": 1.10})
+    noisy = setting(tmp_path / "noisy", {"a": (1.10, 1.10), "b": (1.15, 1.15), "c": (1.30, 1.02)}, seeds=(0, 1))
+    runs = load_runs([head, same, flipped, noisy])
+    settings = [robustness.Setting.of(r, 0.95) for r in runs]
+    found = run_findings(runs[0], settings[0].iv)
+    claim = next(f for f in found.extrapolation if (f.better, f.worse, f.length) == ("a", "c", 400))
+    assert robustness._check(settings[1], claim, "extrapolation")[0] == robustness.HOLDS
+    assert robustness._check(settings[2], claim, "extrapolation")[0] == robustness.REVERSED
+    status, got = robustness._check(settings[3], claim, "extrapolation")
+    assert status == robustness.SAME_WAY and got.lo < 1 < got.hi  # two seeds that disagree: not shown, a < c on average
+    text = robustness.markdown(runs)
+    assert "| a | 1.16 [" in text and "| c | 2.4" in text  # ppl ratios: exp(0.1 x loss 1.5), exp(0.6 x 1.5)
+    assert "- head vs same: tau 1.00 over 3 rows; flips: none" in text
+    assert "- head vs flipped: tau -1.00 over 3 rows" in text and "a < c in head, not in flipped" in text
+    line = next(ln for ln in text.splitlines() if ln.startswith("| a < c (ratio to 1x)"))
+    assert line.endswith("| no |") and "| holds 0." in line and "| reversed 2." in line and "| same way, not shown 0.9" in line
+    assert "claims hold in every setting" in text
+    only_two = robustness.markdown(runs[:2])
+    assert "| a < c (ratio to 1x)" in only_two and all(
+        ln.endswith("| yes |") for ln in only_two.splitlines() if ln.startswith("| a < c"))
+
+
+def test_report_robustness_command_and_its_refusals(tmp_path, capsys):
+    head = setting(tmp_path / "head", {"a": 1.10, "b": 1.30, "c": 1.60})
+    other = setting(tmp_path / "other", {"a": 1.12, "b": 1.28, "c": 1.70})
+    assert main(["report", str(head), str(other), "--robustness", "--claims", str(head)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Settings:\n") and "Kendall's tau-b" in out and f"claims from {head}" in out
+    assert main(["report", str(head), "--robustness"]) == 2
+    assert "give two or more results folders" in capsys.readouterr().err
+    assert main(["report", str(head), str(other), "--claims", str(head)]) == 2
+    assert "--claims goes with --robustness" in capsys.readouterr().err
+    readme = tmp_path / "README.md"
+    key = f"{head.as_posix()} {other.as_posix()}"
+    readme.write_text(f"<!-- posenc-bench robustness: {key} -->\n<!-- /posenc-bench robustness -->\n")
+    assert main(["report", str(head), str(other), "--robustness", "--update", str(readme)]) == 0
+    assert "Kendall's tau-b" in readme.read_text()
+
+
+def test_plot_robustness_draws_one_marker_per_row_and_setting(tmp_path, capsys):
+    head = setting(tmp_path / "head", {"a": 1.10, "b": 1.30, "c": 1.60})
+    other = setting(tmp_path / "other", {"a": 1.12, "b": 1.28, "c": 1.70})
+    assert main(["plot", str(head), str(other), "--robustness", "--out", str(tmp_path / "fig"), "--formats", "svg"]) == 0
+    svg = (tmp_path / "fig" / "robustness.svg").read_text()
+    assert "head (4x)" in svg and "other (4x)" in svg and capsys.readouterr().out.startswith("wrote ")
+    assert main(["plot", str(head), "--robustness", "--out", str(tmp_path / "fig2")]) == 2
+    assert "two or more settings" in capsys.readouterr().err
