@@ -80,6 +80,8 @@ def caption(run: dict, records: Optional[list[dict]] = None) -> str:
     cfg = run["config"]
     m, t = cfg["model"], cfg["train"]
     seeds = cfg["seeds"]
+    if str(run["corpus"].get("source", "")).startswith("task:"):
+        return task_caption(run, records)
     return (
         f"{_tokens(run)} LM, {_params(run, records)} parameters ({m['n_layers']} layers, width {m['d_model']}, "
         f"{m['n_heads']} heads), trained {t['steps']} steps x {t['batch_size']} x {t['train_len']} tokens "
@@ -87,6 +89,23 @@ def caption(run: dict, records: Optional[list[dict]] = None) -> str:
         f"{run['eval_tokens']:,} {cfg['eval']['split']} tokens scored at every length "
         f"(eval {run['eval_fingerprint']}){_protocol(cfg)}; seeds {','.join(map(str, seeds))}; device {run['device']}; "
         f"torch {run['versions']['torch']}; {_commits(run, records)}."
+    )
+
+
+def task_caption(run: dict, records: Optional[list[dict]] = None) -> str:
+    """Caption of a task run (``bench/tasks``)."""
+    cfg, c = run["config"], run["corpus"]
+    m, t, task = cfg["model"], cfg["train"], cfg["task"]
+    options = ", ".join(f"{k} {v}" for k, v in (c.get("options") or {}).items())
+    per_size = sorted(set((run.get("eval_instances") or {}).values()))
+    return (
+        f"Task {c['task']}{' (' + options + ')' if options else ''}, after {c.get('paper', '?')}; byte-level LM, "
+        f"{_params(run, records)} parameters ({m['n_layers']} layers, width {m['d_model']}, {m['n_heads']} heads), "
+        f"trained {t['steps']} steps x {t['batch_size']} instances of sizes {task['min_size']}-{task['train_size']} "
+        f"(up to {t['train_len']} tokens; lr {t['lr']:g}; task {c['fingerprint']}); "
+        f"{'/'.join(map(str, per_size))} test instances at each size (eval {run['eval_fingerprint']}); seeds "
+        f"{','.join(map(str, cfg['seeds']))}; device {run['device']}; torch {run['versions']['torch']}; "
+        f"{_commits(run, records)}."
     )
 
 

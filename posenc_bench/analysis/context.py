@@ -20,6 +20,8 @@ CONTEXT_TITLES = {
                 "mean over the row's seeds",
     "cost": "Cost of each evaluation: wall time, and peak memory (records that measured it; = base: the row reuses "
             "the base model's numbers there)",
+    "depths": "The needle: exact match at each depth of the filler (0: first, 1: last; lines) and size (columns), the "
+              "mean over the row's seeds; effective size: the largest size at which every depth is at least 90%",
 }
 # A model that uses its context predicts later positions of a window better than the first ones. At 1x, the
 # test loss over the second half of the window must be this many nats below the first position bucket's (the
@@ -70,8 +72,29 @@ def plateau_rows(records: list[dict]) -> list[str]:
     return [row for row in dict.fromkeys(r["encoding"] for r in records) if on_plateau(records, row)]
 
 
+# A task's counterpart: a row that does not solve the task at its train size says nothing by failing past it.
+LEARNED_ACCURACY = 0.9
+UNLEARNED_NOTE = ("did not learn the task: at 1x its exact match (the mean over its seeds) is below {threshold:.0%}, "
+                  "so its extrapolation numbers say nothing about the encoding")
+
+
+def unlearned(records: list[dict], row: str) -> bool:
+    """Whether a task row's mean exact match at 1x (over its seeds) is below LEARNED_ACCURACY."""
+    at_1x = [r["accuracy"] for r in records if r["encoding"] == row and r["eval_len"] == r["train_len"]
+             and r["status"] == "ok" and r.get("accuracy") is not None]
+    return bool(at_1x) and mean(at_1x) < LEARNED_ACCURACY
+
+
+def unlearned_rows(records: list[dict]) -> list[str]:
+    """The rows of a task run that did not learn the task (``unlearned``)."""
+    return [row for row in dict.fromkeys(r["encoding"] for r in records) if unlearned(records, row)]
+
+
 def plateau_note(records: list[dict], row: str) -> Optional[str]:
-    """The footnote of a row on the plateau, naming the positions compared; None for a row that uses context."""
+    """The footnote of a row on the plateau, naming the positions compared (or of a task row that did not learn
+    its task); None for a row that uses context."""
+    if any(r.get("metric") == "accuracy" for r in records):
+        return UNLEARNED_NOTE.format(threshold=LEARNED_ACCURACY) if unlearned(records, row) else None
     if not on_plateau(records, row):
         return None
     early, late = context_positions(records, row)
@@ -132,4 +155,24 @@ def cost_table(records: list[dict], row_order: list[str] | None = None) -> pd.Da
     return pd.DataFrame(rows).set_index("encoding") if rows else pd.DataFrame()
 
 
-CONTEXT_TABLES = {"training": training_table, "cost": cost_table}  # value -> the table, in CONTEXT_TITLES order
+def depth_table(records: list[dict], row_order: list[str] | None = None) -> pd.DataFrame:
+    """The needle (``bench/tasks/needle.py``): each row's exact match at each depth (a line each) and size (a
+    column each), the mean over its seeds, and its effective size: the largest size at which every depth is
+    answered at least LEARNED_ACCURACY of the time ("none" when no size is). Empty for other runs."""
+    if not any(r.get("by_depth") for r in records):
+        return pd.DataFrame()
+    rows = []
+    for enc in row_order or list(dict.fromkeys(r["encoding"] for r in records)):
+        recs = [r for r in records if r["encoding"] == enc and r["status"] == "ok" and r.get("by_depth")]
+        sizes = sorted({r["eval_len"] for r in recs})
+        depths = sorted({d for r in recs for d in r["by_depth"]}, key=float)
+        got = {(d, L): mean([r["by_depth"][d] for r in recs if r["eval_len"] == L]) for d in depths for L in sizes}
+        effective = max((L for L in sizes if all(got[d, L] >= LEARNED_ACCURACY for d in depths)), default=None)
+        for i, d in enumerate(depths):
+            row = {"encoding": enc, "depth": d, **{f"{L:,}": f"{got[d, L]:.2f}" for L in sizes}}
+            row["effective size"] = ("none" if effective is None else f"{effective:,}") if i == 0 else ""
+            rows.append(row)
+    return pd.DataFrame(rows).set_index("encoding") if rows else pd.DataFrame()
+
+
+CONTEXT_TABLES = {"training": training_table, "cost": cost_table, "depths": depth_table}  # in CONTEXT_TITLES order

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Sequence
 
-from posenc_bench.analysis.intervals import CHECKPOINT, MIN_EFFECT, Comparison, Intervals
+from posenc_bench.analysis.intervals import CHECKPOINT, MIN_EFFECT, MIN_POINTS, Comparison, Intervals
 from posenc_bench.analysis.tables import Run, row_order, train_len
 
 
@@ -39,7 +39,8 @@ class Finding:
 
     @property
     def effect(self) -> float:
-        return abs(math.log(self.comparison.interval.value))
+        c = self.comparison
+        return abs(c.interval.value - c.null) if c.null == 0 else abs(math.log(c.interval.value))
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Findings:
     extrapolation: list[Finding]
     made: int  # comparisons made (pairs x lengths, and rows x lengths past 1x)
     levels: set[str]
+    metric: str = "ppl"  # or "accuracy" (a task run: differences of exact match, higher is better)
 
 
 def _oriented(iv: Intervals, value: str, a: str, b: str, length: int) -> tuple[str, str, Comparison] | None:
@@ -57,7 +59,7 @@ def _oriented(iv: Intervals, value: str, a: str, b: str, length: int) -> tuple[s
     c = iv.compare(value, a, b, length)
     if c is None or not c.significant:
         return None
-    if c.interval.value < 1:
+    if (c.interval.value > 0) if c.null == 0 else (c.interval.value < 1):  # a is better: more accurate, lower ppl
         return a, b, c
     return b, a, iv.compare(value, b, a, length)
 
@@ -67,6 +69,8 @@ def run_findings(run: Run, iv: Intervals) -> Findings:
     rows = row_order(run.data)
     T = train_len(run.data["run"])
     lengths = sorted({r["eval_len"] for r in run.data["records"]})
+    if iv.metric == "accuracy":
+        return _task_findings(run, iv, rows, T, lengths)
     found: dict[str, list[Finding]] = {"ppl": [], "ratio": []}
     from_1x, made = [], 0
     for length in lengths:
@@ -86,6 +90,20 @@ def run_findings(run: Run, iv: Intervals) -> Findings:
                 from_1x.append(Finding(row, "", length, T, c))
     levels = {f.comparison.level for f in found["ppl"] + from_1x + found["ratio"]}
     return Findings(run.label, found["ppl"], from_1x, found["ratio"], made, levels)
+
+
+def _task_findings(run: Run, iv: Intervals, rows: list[str], T: int, lengths: list[int]) -> Findings:
+    """A task run's findings: row A's exact match minus row B's at each size (paired by test instance and seed),
+    where the interval excludes 0 by at least a point; written with A the more accurate."""
+    found, made = [], 0
+    for length in lengths:
+        for a, b in combinations(rows, 2):
+            if iv.compare("accuracy", a, b, length) is None:
+                continue
+            made += 1
+            if (o := _oriented(iv, "accuracy", a, b, length)) is not None:
+                found.append(Finding(o[0], o[1], length, T, o[2]))
+    return Findings(run.label, found, [], [], made, {f.comparison.level for f in found}, "accuracy")
 
 
 def _ratio_to_1x(iv: Intervals, row: str, length: int) -> Comparison | None:
@@ -128,15 +146,21 @@ def markdown(all_findings: Sequence[Findings], ci: float) -> str:
         level = next(iter(fs.levels)) if len(fs.levels) == 1 else ""
         head = f"{fs.run}: " if fs.run else ""
         n = len(fs.between) + len(fs.from_1x) + len(fs.extrapolation)
-        what = (f"{head}{n} of {fs.made} comparisons hold at {ci:.0%} (interval excludes 1, difference at least "
-                f"{MIN_EFFECT:.1%}; not corrected for the number made)")
+        task = fs.metric == "accuracy"
+        rule = (f"interval excludes 0, difference at least {MIN_POINTS * 100:g} point" if task
+                else f"interval excludes 1, difference at least {MIN_EFFECT:.1%}")
+        what = f"{head}{n} of {fs.made} comparisons hold at {ci:.0%} ({rule}; not corrected for the number made)"
         if level:
             what += "; every one is " + ("about this checkpoint (one seed), not the method" if level == CHECKPOINT
                                          else "method-level (over the training seeds)")
         out.append(what + ".\n")
-        out.append("Between rows: A / B of ppl at a length (A better), strongest first:\n")
+        out.append("Between rows: A - B of exact match at a size (A better), strongest first:\n" if task
+                   else "Between rows: A / B of ppl at a length (A better), strongest first:\n")
         lines = _grouped(fs.between, lambda f: (f.better, f.worse), mixed)
-        out += [f"- {a} < {b}: {claims}" for _, (a, b), claims in lines] or ["- none"]
+        out += [f"- {a} {'>' if task else '<'} {b}: {claims}" for _, (a, b), claims in lines] or ["- none"]
+        if task:  # each size has its own test instances: no pairing with 1x (the table shows the decline)
+            out.append("")
+            continue
         out.append("\nAgainst its own 1x: ppl at a length / ppl at the train length, largest change first:\n")
         lines = _grouped(fs.from_1x, lambda f: (f.better,), mixed)
         out += [f"- {row}: {claims}" for _, (row,), claims in lines] or ["- none"]

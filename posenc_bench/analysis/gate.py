@@ -22,6 +22,10 @@ encoding row under ``gate.per_encoding``), widened where noise could explain mor
 
 The table says which bound decided each check (``allowed_from``).
 
+A task run (``bench/tasks``: exact match) is gated on ``accuracy``, the mean exact match over seeds at every
+size: its *drop* in points (baseline - current) against ``gate.acc_tol``, widened by the paired interval of the
+difference (the same test instances in both runs) or the baseline's seed spread as above.
+
 Verdicts: ``ok``; ``improved`` (better by more than allowed: consider updating the baseline);
 ``REGRESSED`` (worse by more than allowed, or ok in the baseline but n/a or diverged now); ``MISSING``
 (in the baseline, not in the current run: fails, a dropped encoding must not pass silently); ``new`` (no
@@ -63,6 +67,7 @@ class Tolerance:
     ppl_tol: float
     ratio_tol: float
     sigmas: float
+    acc_tol: float = 0.05
 
 
 @dataclass
@@ -73,7 +78,7 @@ class Check:
     metric: str  # ppl | ratio | - (for a whole row or cell: missing / new / status change)
     baseline: Optional[float] = None
     current: Optional[float] = None
-    change: Optional[float] = None  # relative: current / baseline - 1
+    change: Optional[float] = None  # relative: current / baseline - 1 (accuracy: the drop, baseline - current)
     allowed: Optional[float] = None  # relative rise allowed
     allowed_from: str = ""  # "tolerance" | "interval (95%, paired)" | "seed spread (3 sigma, 3 vs 3 seeds)"
     verdict: str = "ok"
@@ -106,7 +111,7 @@ class GateResult:
         return FAIL if self.failed else PASS
 
     def summary(self) -> str:
-        n = len([c for c in self.checks if c.metric in ("ppl", "ratio")])
+        n = len([c for c in self.checks if c.metric in ("ppl", "ratio", "accuracy")])
         improved = [c for c in self.checks if c.verdict == "improved"]
         if self.failed:
             worst = "; ".join(_describe(c) for c in self.failed[:8]) + (" ..." if len(self.failed) > 8 else "")
@@ -120,6 +125,8 @@ class GateResult:
 
 
 def _describe(c: Check) -> str:
+    if c.change is not None and c.metric == "accuracy":
+        return f"{c.encoding} accuracy at {c.length()} down {c.change:.3f} > allowed {c.allowed:.3f}"
     if c.change is not None:
         return f"{c.encoding} {c.metric} at {c.length()} {c.change:+.2%} > allowed {c.allowed:+.2%}"
     return f"{c.encoding} at {c.length()}: {c.detail}"
@@ -148,10 +155,13 @@ def incomparable(baseline: dict, current: dict) -> list[str]:
 
 
 def _cells(data: dict) -> dict[tuple[str, int], tuple[Seeds, Seeds]]:
-    """(row, eval length) -> its ppl and its ratio to 1x over the seeds (``analysis/seeds.py``)."""
+    """(row, eval length) -> its ppl and its ratio to 1x over the seeds (``analysis/seeds.py``); for a task run
+    its accuracy (and no ratio)."""
     groups: dict[tuple[str, int], list[dict]] = {}
     for r in with_ratio_to_1x(data["records"]):
         groups.setdefault((r["encoding"], r["eval_len"]), []).append(r)
+    if any(r.get("metric") == "accuracy" for r in data["records"]):
+        return {key: (over_seeds(group, "accuracy"), Seeds("ok", [], 0)) for key, group in groups.items()}
     return {key: (over_seeds(group, "ppl"), over_seeds(group, RATIO)) for key, group in groups.items()}
 
 
@@ -161,6 +171,8 @@ def _check(enc: str, L: int, T: int, metric: str, b: list[float], c: list[float]
     tol, sigmas = limits
     bm, bs = mean_std(b)
     cm, _ = mean_std(c)
+    if metric == "accuracy":
+        return _accuracy_check(enc, L, T, (bm, bs, len(b)), (cm, len(c)), limits, paired)
     change = cm / bm - 1
     allowed, source = tol, "tolerance"
     ratio = paired.compare(metric, f"current:{enc}", f"baseline:{enc}", L) if paired is not None else None
@@ -176,6 +188,26 @@ def _check(enc: str, L: int, T: int, metric: str, b: list[float], c: list[float]
             allowed, source = spread, f"seed spread ({sigmas:g} sigma, {len(b)} vs {len(c)} seeds)"
     verdict = "REGRESSED" if change > allowed else ("improved" if change < -allowed else "ok")
     return Check(enc, L, T, metric, bm, cm, change, allowed, source, verdict)
+
+
+def _accuracy_check(enc: str, L: int, T: int, b: tuple[float, Optional[float], int], c: tuple[float, int],
+                    limits: tuple[float, float], paired: Optional[Intervals]) -> Check:
+    """A task cell's exact match: its drop in points (baseline - current) against ``gate.acc_tol``, widened by
+    the paired interval of the difference or by the baseline's seed spread."""
+    (bm, bs, nb), (cm, nc) = b, c
+    tol, sigmas = limits
+    drop, allowed, source = bm - cm, tol, "tolerance"
+    diff = paired.compare("accuracy", f"current:{enc}", f"baseline:{enc}", L) if paired is not None else None
+    if diff is not None:  # current - baseline: the drop's interval is its negative
+        lo, hi = -diff.interval.hi, -diff.interval.lo
+        if drop - lo > tol:
+            allowed, source = drop - lo, f"interval ({paired.ci:.0%}, paired)"
+        verdict = "REGRESSED" if drop > allowed else ("improved" if drop < -tol and hi < 0 else "ok")
+        return Check(enc, L, T, "accuracy", bm, cm, drop, allowed, source, verdict, lo=lo, hi=hi)
+    if nb >= 2 and bs is not None and sigmas * bs * math.sqrt(1 / nb + 1 / nc) > tol:
+        allowed, source = sigmas * bs * math.sqrt(1 / nb + 1 / nc), f"seed spread ({sigmas:g} sigma, {nb} vs {nc} seeds)"
+    verdict = "REGRESSED" if drop > allowed else ("improved" if drop < -allowed else "ok")
+    return Check(enc, L, T, "accuracy", bm, cm, drop, allowed, source, verdict)
 
 
 def compare(baseline: dict, current: dict, tolerances: dict[str, Tolerance], default: Tolerance) -> GateResult:
@@ -226,6 +258,8 @@ def _cell_checks(enc: str, L: int, T: int, b: tuple[Seeds, Seeds], c: Optional[t
             return [Check(enc, L, T, "-", verdict="REGRESSED",
                           detail=f"{b_ppl.status} in the baseline, {c_ppl.status} now: {c_ppl.reason}")]
         return [Check(enc, L, T, "-", verdict="improved", detail=f"{b_ppl.status} in the baseline, {c_ppl.status} now")]
+    if not b_ratio.seeds and not c_ratio.seeds:  # a task cell (``_cells``): its accuracy
+        return [_check(enc, L, T, "accuracy", b_ppl.values, c_ppl.values, (tol.acc_tol, tol.sigmas), paired)]
     checks = [_check(enc, L, T, "ppl", b_ppl.values, c_ppl.values, (tol.ppl_tol, tol.sigmas), paired)]
     if L != T and b_ratio.values and c_ratio.values:
         checks.append(_check(enc, L, T, "ratio", b_ratio.values, c_ratio.values, (tol.ratio_tol, tol.sigmas), paired))

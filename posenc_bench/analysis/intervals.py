@@ -46,7 +46,9 @@ SEED = 0  # the bootstrap's own seed: the same results give the same intervals
 MIN_SEEDS = 2  # seeds in common for a seed-level (method) interval; with fewer it is about this checkpoint
 MIN_EFFECT = 0.001  # a relative difference below this is never marked, whatever its interval
 MIN_WINDOWS = 30  # below this many independent windows at a length, the table says so
-VALUES = ("ppl", "bpb", "ratio")
+MIN_POINTS = 0.01  # a task's accuracy: a difference below one percentage point is never marked
+VALUES = ("ppl", "bpb", "ratio", "accuracy", "token_accuracy")
+DIFFERENCES = ("accuracy", "token_accuracy")  # compared as A - B (0: no difference), the others as A / B
 METHOD, CHECKPOINT = "method", "this checkpoint"  # the two levels of a comparison
 
 
@@ -68,11 +70,13 @@ class Comparison:
     interval: Interval
     level: str
     seeds: int  # seeds in common
+    null: float = 1.0  # no difference: a ratio of 1, or a difference of 0 (a task's accuracy)
+    min_effect: float = MIN_EFFECT
 
     @property
     def significant(self) -> bool:
-        """The interval excludes 1 and the ratio is at least MIN_EFFECT from it."""
-        return self.interval.excludes(1.0) and abs(self.interval.value - 1.0) >= MIN_EFFECT
+        """The interval excludes the null and the estimate is at least ``min_effect`` from it."""
+        return self.interval.excludes(self.null) and abs(self.interval.value - self.null) >= self.min_effect
 
 
 def model_of(rec: dict) -> str:
@@ -152,6 +156,7 @@ class Intervals:
             raise ValueError(f"confidence level must be between 0 and 1, got {ci!r}")
         self.ci = ci
         records = list(records)
+        self.metric = "accuracy" if any(r.get("metric") == "accuracy" for r in records) else "ppl"
         self.rows = list(dict.fromkeys(label(r) for r in records))
         self.seeds = sorted({r["seed"] for r in records})
         self.lengths = sorted({r["eval_len"] for r in records})
@@ -164,6 +169,10 @@ class Intervals:
         if self.problem:
             return
         units = next(r["units"] for r in records if r.get("units"))
+        if self.metric == "accuracy":
+            self.unit_size, self.n_units = 1, len(units["correct"])
+            self._measured, self._per_seed = _accuracy_draws(records, self, label, draws, seed)
+            return
         self.unit_size, self.n_units = units["size"], len(units["nll"])
         R, S, L = len(self.rows), len(self.seeds), len(self.lengths)
         nll = np.full((R, S, L, self.n_units), np.nan)  # (rows, seeds, lengths, units); NaN: no number
@@ -200,7 +209,7 @@ class Intervals:
             return None
         j = self.lengths.index(length)
         x = [self._per_seed[value][self.rows.index(r), :, j] for r in rows]  # each (S, 1 + draws)
-        stat = x[0] / x[1] if len(x) == 2 else x[0]
+        stat = x[0] if len(x) == 1 else x[0] - x[1] if value in DIFFERENCES else x[0] / x[1]
         stat = stat[np.isfinite(stat[:, 0])]
         return stat if len(stat) else None
 
@@ -247,6 +256,8 @@ class Intervals:
             shuffled = np.random.default_rng(SEED + 1).permutation(b[:, 1:].T).T  # (k, draws): other text draws
             x = a[: len(b)] / np.concatenate([b[:, :1], shuffled], axis=1)
         interval, level = self._interval(x)
+        if value in DIFFERENCES:
+            return Comparison(interval, level, len(x), null=0.0, min_effect=MIN_POINTS)
         return Comparison(interval, level, len(x))
 
     def seeds_measured(self, row: str, length: int) -> int:
@@ -257,26 +268,50 @@ class Intervals:
 
     def windows(self, length: int) -> int:
         """Independent windows at ``length``: the targets / length (windows share no context)."""
+        if self.metric == "accuracy":
+            return self.n_units  # test instances, each its own sequence
         return max(1, round(self.n_units * self.unit_size / length)) if self.unit_size else 0
 
     def describe(self) -> str:
         """One line for a caption: what the intervals are."""
         if self.problem:
             return f"intervals: not available ({self.problem})"
-        text = f"the text resampled over {self.n_units} units of {self.unit_size} targets"
+        text = (f"the {self.n_units} test instances of each size resampled" if self.metric == "accuracy" else
+                f"the text resampled over {self.n_units} units of {self.unit_size} targets")
         seed_level = (f"t-intervals over the {len(self.seeds)} training seeds' values, widened by {text}"
                       if len(self.seeds) >= MIN_SEEDS else "")
         one = self.seeds_one()
         checkpoint = (f"{'rows with one seed' if seed_level else 'one seed'}: {text} only, about this checkpoint"
                       if one else "")
         parts = [p for p in (seed_level, checkpoint) if p]
-        return (f"intervals: {self.ci:.0%}; " + "; ".join(parts)
-                + f"; differences under {MIN_EFFECT:.1%} are not marked")
+        smallest = f"{MIN_POINTS * 100:g} percentage point" if self.metric == "accuracy" else f"{MIN_EFFECT:.1%}"
+        return f"intervals: {self.ci:.0%}; " + "; ".join(parts) + f"; differences under {smallest} are not marked"
 
     def seeds_one(self) -> bool:
         """Whether some row has a number at some length from fewer than MIN_SEEDS seeds."""
         counts = self._measured.sum(axis=1)  # (R, L)
         return bool(((counts > 0) & (counts < MIN_SEEDS)).any())
+
+
+def _accuracy_draws(records: list[dict], iv: "Intervals", label, draws: int, seed: int
+                    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """(measured (R, S, L), per-seed statistics (R, S, L, 1 + draws)) of a task run: each unit is one test
+    instance (correct or not; answer tokens right, of how many); each size has its own instances, the same for
+    every row and seed, all drawn with the same weights."""
+    R, S, L, n = len(iv.rows), len(iv.seeds), len(iv.lengths), iv.n_units
+    arrays = {k: np.full((R, S, L, n), np.nan) for k in ("correct", "right", "tokens")}
+    for r in records:
+        if r["status"] == "ok" and r.get("units"):
+            at = (iv.rows.index(label(r)), iv.seeds.index(r["seed"]), iv.lengths.index(r["eval_len"]))
+            for k, a in arrays.items():
+                a[at] = r["units"][k]
+    rng = np.random.default_rng(seed)
+    w = np.vstack([np.ones(n), rng.multinomial(n, np.full(n, 1 / n), size=draws)])  # (1 + draws, instances)
+    flat = {k: a.reshape(-1, n) for k, a in arrays.items()}  # rows without a number stay NaN
+    with np.errstate(invalid="ignore"):
+        per_seed = {"accuracy": (flat["correct"] @ w.T / w.sum(1)).reshape(R, S, L, -1),
+                    "token_accuracy": (flat["right"] @ w.T / (flat["tokens"] @ w.T)).reshape(R, S, L, -1)}
+    return ~np.isnan(arrays["correct"][..., 0]), per_seed
 
 
 def _units_problem(records: list[dict]) -> str:
@@ -287,6 +322,9 @@ def _units_problem(records: list[dict]) -> str:
         return "no measured records"
     if not any(r.get("units") for r in ok):
         return "these results predate per-unit numbers; rerun to get them"
+    if any(r.get("metric") == "accuracy" for r in ok):  # a task: the same number of instances at every size
+        shapes = {len(r["units"]["correct"]) for r in ok if r.get("units")}
+        return "the records' test instances differ in number" if len(shapes) > 1 else ""
     shapes = {(r["units"]["size"], tuple(r["units"]["tokens"])) for r in ok if r.get("units")}
     if len(shapes) > 1:
         return "the records' units are not the same text"

@@ -26,7 +26,7 @@ from posenc_bench.errors import PosencError  # noqa: E402
 from posenc_bench.analysis.intervals import Intervals  # noqa: E402
 from posenc_bench.analysis.captions import short_caption  # noqa: E402
 from posenc_bench.analysis.seeds import RATIO, mean_std, over_seeds, with_ratio_to_1x  # noqa: E402
-from posenc_bench.analysis.tables import Run, row_order, train_len  # noqa: E402
+from posenc_bench.analysis.tables import Run, is_task, row_order, train_len  # noqa: E402
 
 FORMATS = ("png", "svg")
 DPI = 110
@@ -177,7 +177,11 @@ TITLES = {
             "(report --compare, --findings)", "perplexity (lower is better)"),
     "ratio": ("Perplexity relative to the same model at the train length (1x). Bands: the paired {ci} interval "
               "of each row's\nratio to its own 1x, as in the ratio table", "ppl / ppl at 1x (1 = no change)"),
+    "accuracy": ("Exact match against instance size (the same test instances for every row). Bands: each row's own "
+                 "{ci} interval;\nthe paired comparisons are the table's (report --findings)",
+                 "exact match (higher is better)"),
 }
+STEMS = {"ppl": "ppl_vs_length", "ratio": "ratio_vs_length", "accuracy": "accuracy_vs_size"}
 
 
 def plot_ppl_vs_length(runs: Sequence[Run], out: Path, formats: Sequence[str] = FORMATS,
@@ -186,7 +190,9 @@ def plot_ppl_vs_length(runs: Sequence[Run], out: Path, formats: Sequence[str] = 
     per family (PANELS), one line per row (per run), the train lengths marked. ``rows``: only these (default
     every row)."""
     order = list(dict.fromkeys(r for run in runs for r in _selected(run, rows)))
-    groups = [g for g in panels(order) if any(_mean_by_length(run.data["records"], r) for run in runs for r in g[1])]
+    key = "accuracy" if value == "accuracy" else "ppl"  # the number a record must have to be drawn
+    groups = [g for g in panels(order) if any(_mean_by_length(run.data["records"], r, value=key) for run in runs
+                                             for r in g[1])]
     if not groups:
         raise PlotError("no ok records to plot (every cell is n/a or diverged)")
     fig, axes = _panel_axes(len(groups))
@@ -212,11 +218,13 @@ def plot_ppl_vs_length(runs: Sequence[Run], out: Path, formats: Sequence[str] = 
         ax.set_xscale("log", base=2)
         ax.set_xticks(lengths, [str(L) for L in lengths])
         ax.minorticks_off()
-        if means and max(means) / min(means) > 4:
+        if value != "accuracy" and means and max(means) / min(means) > 4:
             ax.set_yscale("log")
             for axis_format in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
                 axis_format(matplotlib.ticker.FormatStrFormatter("%g"))  # 6, not 6 x 10^0
-        ax.set_xlabel("eval length (tokens)")
+        ax.set_xlabel("instance size" if value == "accuracy" else "eval length (tokens)")
+        if value == "accuracy":
+            ax.set_ylim(-0.03, 1.03)
         ax.set_ylabel(TITLES[value][1])
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
@@ -224,7 +232,7 @@ def plot_ppl_vs_length(runs: Sequence[Run], out: Path, formats: Sequence[str] = 
     ci = f"{ivs[0].ci:.0%}" if any(iv.available for iv in ivs) else None
     fig.suptitle(TITLES[value][0].format(ci=ci) if ci else TITLES[value][0].split(" Bands:")[0] + " Bands: ± std over seeds")
     _caption(fig, runs)
-    return _save(fig, out, "ppl_vs_length" if value == "ppl" else "ratio_vs_length", formats)
+    return _save(fig, out, STEMS[value], formats)
 
 
 def plot_robustness(runs: Sequence[Run], out: Path, formats: Sequence[str] = FORMATS, stem: str = "robustness"
@@ -412,8 +420,11 @@ def plot_all(runs: Sequence[Run], out: Path | str, formats: Sequence[str] = FORM
     chosen = None if rows is None else select_rows(rows, every, every)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    paths = plot_ppl_vs_length(runs, out, formats, chosen) + plot_ppl_vs_length(runs, out, formats, chosen, "ratio")
-    for run in runs:
+    if all(is_task(run) for run in runs):  # a task run: exact match against size, and the encodings' pictures
+        paths = plot_ppl_vs_length(runs, out, formats, chosen, "accuracy")
+    else:
+        paths = plot_ppl_vs_length(runs, out, formats, chosen) + plot_ppl_vs_length(runs, out, formats, chosen, "ratio")
+    for run in [r for r in runs if not is_task(r)]:  # a task's records have no loss by position
         suffix = f"-{run.label}" if run.label else ""
         paths += plot_loss_by_position(run, out, formats, stem=f"loss_by_position{suffix}", rows=chosen)
     first = runs[0].data["run"]

@@ -24,13 +24,14 @@ from tabulate import tabulate
 from posenc_bench.analysis.captions import caption
 from posenc_bench.analysis.context import CONTEXT_TABLES, CONTEXT_TITLES
 from posenc_bench.analysis import findings, robustness
-from posenc_bench.analysis.intervals import CI, MIN_EFFECT, VALUES as TABLE_VALUES, Intervals
+from posenc_bench.analysis.intervals import CI, DIFFERENCES, MIN_EFFECT, MIN_POINTS, VALUES as TABLE_VALUES, Intervals
 from posenc_bench.analysis.tables import (Cell, ReportError, Run, Table, annotate, build_table, compare_table,
-                                          run_intervals)
+                                          is_task, run_intervals)
 from posenc_bench.files import atomic_write_text
 
 VALUES = TABLE_VALUES + tuple(CONTEXT_TABLES)
 DEFAULT_VALUES = ("ppl", "ratio", "training", "cost")
+TASK_VALUES = ("accuracy", "token_accuracy", "training", "depths")  # the default for task runs (depths: the needle)
 FORMATS = ("md", "csv", "latex", "html", "json")
 SUFFIX_FORMATS = {".md": "md", ".markdown": "md", ".csv": "csv", ".tex": "latex", ".html": "html", ".htm": "html",
                   ".json": "json"}
@@ -38,13 +39,17 @@ BEST_NOTE = "bold: best in its column"
 SIGNIFICANT_BEST_NOTE = ("bold: best in its column and better than every other row (the paired interval of the "
                          f"ratio excludes 1 and the difference is at least {MIN_EFFECT:.1%}); ≈: tied for best (the "
                          "lowest mean when it is not bold, and the rows not shown to differ from it)")
+ACCURACY_BEST_NOTE = ("bold: best in its column and better than every other row (the paired interval of the "
+                      f"difference excludes 0 and the difference is at least {MIN_POINTS * 100:g} percentage point); ≈: tied for "
+                      "best (the highest mean when it is not bold, and the rows not shown to differ from it)")
 MARKER_OPEN = "<!-- posenc-bench {kind}: {key} -->"
 MARKER_CLOSE = "<!-- /posenc-bench {kind} -->"
 BLOCK_KINDS = ("table", "findings", "robustness")  # what a README block holds: `report` tables, --findings, --robustness
 
 
 def records_frame(records: Iterable[dict]) -> pd.DataFrame:
-    cols = ["encoding", "seed", "train_len", "eval_len", "ratio", "status", "reason", "ppl", "bpb", "loss", "tokens"]
+    cols = ["encoding", "seed", "train_len", "eval_len", "ratio", "status", "reason", "ppl", "bpb", "loss", "tokens",
+            "accuracy", "token_accuracy"]
     return pd.DataFrame([{c: r.get(c) for c in cols} for r in records], columns=cols)
 
 
@@ -140,6 +145,8 @@ def render(runs: Sequence[Run], *, fmt: str = "md", values: Sequence[str] = DEFA
     if fmt not in FORMATS:
         raise ReportError(f"unknown report format {fmt!r}; valid: {', '.join(FORMATS)}")
     values = parse_values(values)
+    if tuple(values) == DEFAULT_VALUES and all(is_task(run) for run in runs):
+        values = list(TASK_VALUES)
     if compare is not None:
         at = values.index("ppl") + 1 if "ppl" in values else len(values)
         values = values[:at] + ["compare"] + values[at:]
@@ -217,7 +224,9 @@ def _best_note(table: Table, intervals: dict[str, Intervals], mark_best: bool) -
     if table.value == "compare" or not mark_best:
         return ""
     if any(c.best or c.tied for c in table.cells.values()):
-        return "; " + (SIGNIFICANT_BEST_NOTE if any(iv.available for iv in intervals.values()) else BEST_NOTE)
+        if not any(iv.available for iv in intervals.values()):
+            return "; " + BEST_NOTE
+        return "; " + (ACCURACY_BEST_NOTE if table.value in DIFFERENCES else SIGNIFICANT_BEST_NOTE)
     return ""
 
 

@@ -18,13 +18,17 @@ from typing import Optional, Sequence
 from posenc_bench.errors import PosencError
 from posenc_bench.bench.records import read_results
 from posenc_bench.analysis.context import plateau_note
-from posenc_bench.analysis.intervals import CHECKPOINT, CI, MIN_EFFECT, MIN_SEEDS, MIN_WINDOWS, VALUES, Intervals
+from posenc_bench.analysis.intervals import (CHECKPOINT, CI, DIFFERENCES, MIN_EFFECT, MIN_SEEDS, MIN_WINDOWS, VALUES,
+                                             Intervals)
 from posenc_bench.analysis.seeds import RATIO, mean_std, over_seeds, with_ratio_to_1x
 
 TITLES = {
     "ppl": "Perplexity (lower is better; columns: eval length as a multiple of the train length)",
     "bpb": "Bits per byte (lower is better; columns: eval length as a multiple of the train length)",
     "ratio": "Perplexity relative to the same model at the train length (1x)",
+    "accuracy": "Exact match: the share of test instances whose every answer token is the model's argmax (higher is "
+                "better; columns: instance size as a multiple of the train size)",
+    "token_accuracy": "Answer tokens right (higher is better; columns: instance size as a multiple of the train size)",
 }
 COMPARE_TITLE = (f"Perplexity relative to {{ref}} at the same length (paired); *: the interval excludes 1 and the "
                  f"difference is at least {MIN_EFFECT:.1%}")
@@ -109,6 +113,11 @@ def row_order(data: dict) -> list[str]:
     return list(dict.fromkeys([*(data["run"].get("rows") or []), *(r["encoding"] for r in data["records"])]))
 
 
+def is_task(run: Run) -> bool:
+    """Whether a results file holds a task run (exact match) rather than text (perplexity)."""
+    return any(r.get("metric") == "accuracy" for r in run.data["records"])
+
+
 def train_len(run: dict) -> int:
     """A results file's train length (1x): the run's own, or its config's in older training runs."""
     return run.get("train_len") or run["config"]["train"]["train_len"]
@@ -182,11 +191,11 @@ def _mark_best(table: Table, intervals: dict[str, Intervals]) -> None:
             continue
         iv = intervals.get(col.run)
         if iv is None or not iv.available:
-            best = min(round(v, table.digits) for v in shown.values())
+            best = (max if table.value in DIFFERENCES else min)(round(v, table.digits) for v in shown.values())
             for row, v in shown.items():
                 table.cells[row, j].best = round(v, table.digits) == best
             continue
-        best = min(shown, key=shown.get)
+        best = (max if table.value in DIFFERENCES else min)(shown, key=shown.get)  # accuracy: the highest
         comparisons = {row: iv.compare(table.value, row, best, col.eval_len) for row in shown if row != best}
         for row, c in comparisons.items():
             cell = table.cells[row, j]

@@ -103,7 +103,7 @@ class FinetunePlan:
         return self.steps * self.batch_size * self.len
 
 
-GATE_TOLERANCE_KEYS = ("ppl_tol", "ratio_tol", "sigmas")
+GATE_TOLERANCE_KEYS = ("ppl_tol", "ratio_tol", "sigmas", "acc_tol")
 
 
 @dataclass
@@ -113,7 +113,22 @@ class GateConfig:
     ppl_tol: float = 0.02  # allowed relative rise of mean ppl at any length
     ratio_tol: float = 0.02  # allowed relative rise of the extrapolation ratio ppl(kx) / ppl(1x)
     sigmas: float = 3.0  # with >= 2 baseline seeds, allow this many standard errors of the seed spread
+    acc_tol: float = 0.05  # a task run: allowed drop of mean exact match (0.05 = 5 points) at any size
     per_encoding: dict = field(default_factory=dict)  # row -> {ppl_tol, ratio_tol, sigmas} overrides
+
+
+@dataclass
+class TaskConfig:
+    """The task track (``bench/tasks``, docs/tasks.md): with a ``name`` the run trains on that task instead of
+    text; ``train.train_len`` is then the longest train instance's input length, and eval lengths are multiples
+    of ``train_size`` (instance sizes, not tokens)."""
+
+    name: str = ""  # "" (text) | copy | reverse | addition | recall | needle
+    options: dict = field(default_factory=dict)  # the task's own, e.g. {index_hints: true} for addition
+    train_size: int = 16  # train instances have sizes drawn uniformly from min_size .. train_size
+    min_size: int = 1
+    eval_instances: int = 256  # test instances per eval size, the same for every row
+    eval_seed: int = 0  # seeds the test instances (train instances come from the training seed)
 
 
 @dataclass
@@ -137,10 +152,12 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     gate: GateConfig = field(default_factory=GateConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
 
     # ---- derived -------------------------------------------------------------------------------------
     def eval_lengths(self) -> list[int]:
-        return parse_eval_lens(self.eval.lens, self.train.train_len)
+        """The eval lengths in tokens, or for a task run the instance sizes (multiples of its train size)."""
+        return parse_eval_lens(self.eval.lens, self.task.train_size if self.task.name else self.train.train_len)
 
     def finetune_plan(self) -> FinetunePlan:
         """The resolved fine-tuning of the -ft rows (defaults filled in from the pre-training config)."""
@@ -294,6 +311,10 @@ def load_config(path: Optional[str] = None, overrides: Optional[dict[str, Any]] 
     cfg = config_from_dict(data)
     if cfg.data.tokenizer != "bytes" and "vocab_size" not in (data.get("model") or {}):
         cfg.model.vocab_size = vocab_size_of(cfg.data.tokenizer)  # the model's vocabulary follows the tokenizer
+    if cfg.task.name:  # the model reads the longest train instance: its length follows the task
+        from posenc_bench.bench import tasks
+
+        cfg.train.train_len = tasks.input_length(cfg.task)
     import_plugins(cfg.plugins)
     validate(cfg)
     return cfg
@@ -393,9 +414,21 @@ def validate(cfg: RunConfig) -> None:
     if f.steps < 0 or f.batch_size < 0 or f.warmup_steps < -1 or not (f.lr >= 0 and math.isfinite(f.lr)):
         raise ConfigError("finetune.steps, finetune.batch_size and finetune.lr must be >= 0 (0: default), "
                           "finetune.warmup_steps >= -1 (-1: default)")
-    if any(row.finetuned for row in cfg.rows()):
-        cfg.finetune_plan()  # raises on a length at or below the train length
+    validate_rows_and_task(cfg)
     validate_gate(cfg.gate)
+
+
+def validate_rows_and_task(cfg: RunConfig) -> None:
+    """The fine-tuning of -ft rows (text only), and a task run's task, options and sizes."""
+    if any(row.finetuned for row in cfg.rows()):
+        if cfg.task.name:
+            raise ConfigError(f"the -ft rows fine-tune on text; a task run (task.name {cfg.task.name}) takes trained "
+                              "and zero-shot rows only")
+        cfg.finetune_plan()  # raises on a length at or below the train length
+    if cfg.task.name:
+        from posenc_bench.bench import tasks
+
+        tasks.validate(cfg.task, cfg.eval_lengths())
 
 
 def validate_gate(g: GateConfig) -> None:

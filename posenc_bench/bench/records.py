@@ -86,9 +86,9 @@ class ResultsStore:
 
 # ---- the record ----------------------------------------------------------------------------------------
 
-METRICS = ("ppl",)  # what a record's numbers measure
+METRICS = ("ppl", "accuracy")  # what a record's numbers measure: text (ppl), or a task (exact match)
 MEASURED = ("ppl", "bpb", "loss", "tokens", "bytes", "loss_by_position", "units", "eval_time_s", "peak_memory_bytes",
-            "peak_memory_kind")
+            "peak_memory_kind", "accuracy", "token_accuracy", "instances", "by_depth")
 
 
 def new_record(run: dict, row: str, seed: int, eval_len: int, *, metric: str = "ppl", **fields: Any) -> dict:
@@ -99,7 +99,8 @@ def new_record(run: dict, row: str, seed: int, eval_len: int, *, metric: str = "
     train_len = run["train_len"]
     rec = {"encoding": row, "base_encoding": fields.pop("base_encoding", row), "window": fields.pop("window", None),
            "seed": seed, "train_len": train_len, "eval_len": eval_len, "ratio": eval_len / train_len, "metric": metric,
-           "status": "ok", "reason": "", "ppl": None, "bpb": None, "loss": None, "tokens": None}
+           "status": "ok", "reason": "", "ppl": None, "bpb": None, "loss": None, "tokens": None,
+           **({"accuracy": None, "token_accuracy": None} if metric == "accuracy" else {})}
     rec.update(fields)
     rec.update(corpus_fingerprint=run["corpus"]["fingerprint"], eval_fingerprint=run["eval_fingerprint"],
                git_commit=run["git_commit"], device=run["device"], versions=run["versions"])
@@ -167,16 +168,18 @@ def finished(records: list[dict], lengths: Iterable[int], keys: Optional[dict] =
             and all(r.get(k) == v for r in records for k, v in (keys or {}).items()))
 
 
-def run_meta(*, rows: list[str], train_len: int, eval_lengths: list[int], segments, corpus: dict, device: str,
+def run_meta(*, rows: list[str], train_len: int, eval_lengths: list[int], corpus: dict, device: str, segments=None,
              **extra: Any) -> dict:
     """The metadata of one run or eval: ``extra`` (kind, config, model, ...) and where and on what text."""
     from posenc_bench.data import tokens_fingerprint
     from posenc_bench.env import git_commit, versions
 
-    S = segments.shape[1] - 1
-    meta = {**extra, "rows": rows, "train_len": train_len, "eval_lengths": eval_lengths, "segment_len": S,
-            "eval_tokens": int(segments.shape[0] * S),
-            "eval_fingerprint": tokens_fingerprint(segments, (extra.get("tokenizer") or {}).get("fingerprint")),
+    text = {}
+    if segments is not None:  # text: the eval segments; a task run gives its eval_fingerprint and eval_tokens
+        S = segments.shape[1] - 1
+        text = {"segment_len": S, "eval_tokens": int(segments.shape[0] * S),
+                "eval_fingerprint": tokens_fingerprint(segments, (extra.get("tokenizer") or {}).get("fingerprint"))}
+    meta = {**extra, "rows": rows, "train_len": train_len, "eval_lengths": eval_lengths, **text,
             "corpus": corpus, "device": device, "git_commit": git_commit(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     meta["versions"] = {**versions(), **meta.get("versions", {})}
@@ -184,8 +187,10 @@ def run_meta(*, rows: list[str], train_len: int, eval_lengths: list[int], segmen
 
 
 def summary_line(row: str, records: list[dict]) -> str:
-    return f"  {row}: ppl " + ", ".join(
-        f"{r['eval_len']}: {r['ppl']:.3f}" if r["status"] == "ok" else f"{r['eval_len']}: {r['status']}" for r in records
+    """One line of a cell's numbers: ppl at each length, or a task's exact match."""
+    value = "accuracy" if records and records[0].get("metric") == "accuracy" else "ppl"
+    return f"  {row}: {value} " + ", ".join(
+        f"{r['eval_len']}: {r[value]:.3f}" if r["status"] == "ok" else f"{r['eval_len']}: {r['status']}" for r in records
     )
 
 

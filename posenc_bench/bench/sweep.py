@@ -21,17 +21,16 @@ from typing import Callable, Iterator, Optional
 import torch
 import yaml
 
-from posenc_bench.bench import checkpoint, eta
-from posenc_bench.bench.config import RunConfig, TrainConfig, load_run_corpus
+from posenc_bench.bench import checkpoint, eta, work
+from posenc_bench.bench.config import RunConfig, TrainConfig
 from posenc_bench.bench.dist import Dist
-from posenc_bench.bench.evaluate import EvalSet, evaluate_model
 from posenc_bench.bench.keys import Keys, model_key
 from posenc_bench.bench.records import ResultsFolder, ResultsStore, finished, model_record, run_meta, score, summary_line
 from posenc_bench.bench.rows import Row
 from posenc_bench.bench.runtime import Runtime
 from posenc_bench.bench.shard import shard_cells, shard_file, shard_meta, training_unit
 from posenc_bench.bench.train import Resume, TrainOutcome, train
-from posenc_bench.data import Corpus, TrainBatches
+from posenc_bench.data import TrainBatches
 from posenc_bench.env import device_description
 from posenc_bench.files import atomic_write_text
 from posenc_bench.model.transformer import DecoderLM
@@ -52,16 +51,13 @@ class Plan:
 class Models:
     """The trained model of every cell of one run, each from its checkpoint or trained once."""
 
-    def __init__(self, cfg: RunConfig, corpus: Corpus, rt: Runtime, out: Path, keys: Keys) -> None:
-        self.cfg, self.corpus, self.rt, self.out, self.keys = cfg, corpus, rt, out, keys
-        self._train_stream: Optional[torch.Tensor] = None
+    def __init__(self, cfg: RunConfig, work, rt: Runtime, out: Path, keys: Keys) -> None:
+        self.cfg, self.work, self.rt, self.out, self.keys = cfg, work, rt, out, keys  # work: bench/work.py
         self.training = False  # inside a training that other ranks take part in
         self.on_step: Optional[Callable[[], None]] = None  # called after each pre-training step (the sweep's clock)
 
-    def batches(self, seed: int) -> TrainBatches:
-        if self._train_stream is None:
-            self._train_stream = self.corpus.stream("train")
-        return TrainBatches(self._train_stream, self.cfg.train.train_len, self.cfg.train.batch_size, seed)
+    def batches(self, seed: int):
+        return self.work.batches(seed)
 
     def get(self, row: Row, seed: int) -> tuple[Optional[DecoderLM], dict]:
         """(model, or None for a diverged run; its checkpoint meta) of ``row`` at ``seed``."""
@@ -145,10 +141,10 @@ class Models:
         return out
 
     def _meta(self, key: str, row: Row, seed: int, **fields) -> dict:
-        tokenizer = self.corpus.tokenizer
+        tokenizer = self.work.tokenizer()
         return {"cell_key": key, "encoding": row.encoding, "window": row.window, "seed": seed,
-                "config": self.cfg.to_dict(), "corpus_fingerprint": self.corpus.fingerprint,
-                **({"tokenizer": tokenizer.describe()} if tokenizer.fingerprint else {}), **fields}
+                "config": self.cfg.to_dict(), "corpus_fingerprint": self.work.fingerprint,
+                **({"tokenizer": tokenizer} if tokenizer else {}), **fields}
 
     def _finish(self, ckpt: Path, model: DecoderLM, outcome: TrainOutcome, meta: dict, what: str
                 ) -> tuple[Optional[DecoderLM], dict]:
@@ -168,20 +164,6 @@ def row_params(cfg: RunConfig, rows: list[str]) -> dict[str, int]:
     return {name: sum(p.numel() for p in checkpoint.build_model(cfg, Row.parse(name), 0).parameters()) for name in rows}
 
 
-def check_train_split(cfg: RunConfig, corpus: Corpus) -> None:
-    """DataError now, before any work, when the train split cannot fill one training (or fine-tuning) window."""
-    from posenc_bench.errors import DataError
-
-    docs = corpus.splits["train"]
-    tokens = sum(t.numel() for _, t in corpus.document_tokens("train")) if docs else 0  # the stream's length
-    needs = [cfg.train.train_len]
-    if any(row.finetuned for row in cfg.rows()):
-        needs.append(cfg.finetune_plan().len)
-    if not docs or tokens < max(needs) + 2:
-        raise DataError(f"corpus {corpus.source!r}: its train split has {tokens} tokens ({len(docs)} documents), "
-                        f"fewer than {max(needs) + 2} (train length + 2); give a larger --data or a shorter length")
-
-
 class Sweep:
     """One `posenc-bench run`. Constructing it checks every input (config, data, eval set) and creates
     nothing; ``open`` then takes the results folder (created, locked, and checked against the identity rule
@@ -196,17 +178,15 @@ class Sweep:
         self.out = Path(cfg.out)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        self.corpus = load_run_corpus(cfg, self.out, save=False)  # a BPE kept in the folder, or trained here
-        self.evalset = EvalSet.for_run(cfg, self.corpus)
-        check_train_split(cfg, self.corpus)
-        self.keys = Keys(cfg, self.corpus.fingerprint)
-        self.models = Models(cfg, self.corpus, rt, self.out, self.keys)
+        self.work = work.for_run(cfg, self.out)  # text (a BPE kept in the folder, or trained here) or a task
+        self.keys = Keys(cfg, self.work.fingerprint)
+        self.models = Models(cfg, self.work, rt, self.out, self.keys)
         dist = rt.dist
         self.run_meta = run_meta(
-            config=cfg.to_dict(), rows=[row.name for row in cfg.rows()], train_len=cfg.train.train_len,
-            eval_lengths=self.evalset.lengths, segments=self.evalset.segments, corpus=self.corpus.describe(),
-            device=device_description(rt.device) + (f" x{dist.world_size} ({dist.describe()})" if dist else ""),
-            **self.evalset.meta())  # the documents scored, and the targets of each
+            config=cfg.to_dict(), rows=[row.name for row in cfg.rows()], train_len=self.work.train_len,
+            eval_lengths=self.work.lengths, device=device_description(rt.device)
+            + (f" x{dist.world_size} ({dist.describe()})" if dist else ""),
+            **self.work.meta())  # the text (segments, corpus, documents scored) or the task and its test instances
         if shard is not None:
             self.run_meta["shard"] = shard_meta(cfg, *shard)
         self.folder = ResultsFolder(self.out, "results.json" if shard is None else shard_file(*shard))
@@ -223,7 +203,7 @@ class Sweep:
     def _done(self, row: Row, seed: int) -> list[dict]:
         """The records of a cell finished before with the same keys at every eval length (else [])."""
         done = self.store.cell(row.name, seed)
-        return done if finished(done, self.evalset.lengths, self.keys.cell(row, seed)) else []
+        return done if finished(done, self.work.lengths, self.keys.cell(row, seed)) else []
 
     @contextlib.contextmanager
     def open(self, fresh: bool = False) -> Iterator["Sweep"]:
@@ -233,7 +213,8 @@ class Sweep:
             if fresh:
                 remove_outputs(self.out, self.cfg, self.shard)
             self.store = self.folder.open_store(self.run_meta)
-            keep_tokenizer(self.out, self.corpus.tokenizer)  # resume, shards and checkpoint evals load it from here
+            if isinstance(self.work, work.TextWork):  # resume, shards and checkpoint evals load a BPE from here
+                keep_tokenizer(self.out, self.work.corpus.tokenizer)
             try:
                 self.store.run["params"] = row_params(self.cfg, self.store.run["rows"])  # earlier invocations' rows too
                 # the folder's config: this one with the encodings and seeds of every invocation that wrote here
@@ -253,8 +234,9 @@ class Sweep:
         shard = f", shard {self.shard[0]} of {self.shard[1]}" if self.shard else ""
         lines = [f"posenc-bench run: {len(rows)} row(s) x {len(cfg.seeds)} seed(s){shard}: {len(cells)} cell(s)"
                  + (f", {done} done before" if done else "") + f"; train length {cfg.train.train_len}, eval lengths "
-                 + ", ".join(map(str, self.evalset.lengths)) + f" ({self.run_meta['eval_tokens']:,} target tokens each)",
-                 f"  corpus {self.corpus.source} ({self.corpus.fingerprint}, {cfg.eval.split} split); device "
+                 + ", ".join(map(str, self.work.lengths)) + f" ({self.run_meta['eval_tokens']:,} "
+                 + ("target tokens each)" if self.work.metric == "ppl" else "test instances in all)"),
+                 f"  {self.work.describe()}; device "
                  f"{self.run_meta['device']}; out {self.out} (its config.yaml holds the whole config)",
                  f"  work: {eta.cost_line(cfg, cells)}"]
         if self.shard is not None and not cells:
@@ -269,8 +251,9 @@ class Sweep:
             return done
         model, meta = self.models.get(row, seed)
         keys, config = self.keys.cell(row, seed), self.cfg.to_dict()
-        records = [score(model_record(self.run_meta, row, seed, L, keys=keys, meta=meta, config=config),
-                         lambda L=L: evaluate_model(model, self.evalset, L, self.rt)) for L in self.evalset.lengths]
+        records = [score(model_record(self.run_meta, row, seed, L, keys=keys, meta=meta, config=config,
+                                      metric=self.work.metric),
+                         lambda L=L: self.work.evaluate(model, L, self.rt)) for L in self.work.lengths]
         self.store.put_cell(row.name, seed, records)  # saved before it is reported: a row that was logged is on disk
         self.rt.log(summary_line(f"{row} seed {seed}", records))
         return records
@@ -304,8 +287,7 @@ def train_worker(cfg: RunConfig, dist: Dist) -> None:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     rt = Runtime.create(cfg.device, cfg.precision, dist=dist, show_progress=False, log=lambda line: None)
-    corpus = load_run_corpus(cfg, cfg.out, save=False)
-    stream = corpus.stream("train")
+    own = work.for_run(cfg, cfg.out)  # the same data as rank 0 (its BPE from the folder, or trained alike)
     while True:
         command = dist.broadcast()
         if command[0] == "stop":
@@ -314,12 +296,12 @@ def train_worker(cfg: RunConfig, dist: Dist) -> None:
             raise PosencError(f"rank {dist.rank}: stopped because rank 0 failed: {command[1]}")
         _, name, seed, key = command
         row = Row.parse(name)
-        mine = model_key(cfg, row, seed, corpus.fingerprint)
+        mine = model_key(cfg, row, seed, own.fingerprint)
         if mine != key:
             raise ConfigError(f"rank {dist.rank}: cell {row} seed {seed} has key {mine} here and {key} on rank 0: "
                               "every process needs the same config and data")
         model = checkpoint.build_model(cfg, row, seed)
-        train(model, TrainBatches(stream, cfg.train.train_len, cfg.train.batch_size, seed), cfg.train, rt,
+        train(model, own.batches(seed), cfg.train, rt,
               resume=Resume(None, cfg.save_every, key), grad_accum=cfg.grad_accum)
 
 

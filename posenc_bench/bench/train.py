@@ -93,11 +93,14 @@ def _save(resume: Resume, p: _Progress, model: torch.nn.Module, opt: torch.optim
     atomic_write(resume.path, lambda tmp: torch.save(state, tmp))
 
 
-def _loss_and_grads(net: torch.nn.Module, rows: torch.Tensor, grad_accum: int, rt: Runtime) -> float:
+def _loss_and_grads(net: torch.nn.Module, rows: torch.Tensor, grad_accum: int, rt: Runtime,
+                    mask: Optional[torch.Tensor] = None, scored: int = 0) -> float:
     """Forward and backward over this rank's rows in ``grad_accum`` micro-batches; the global batch's mean
-    loss (the same on every rank)."""
+    loss (the same on every rank). With ``mask`` (a task's answer places, (rows, T)) only those targets count,
+    and the loss is their sum over the ``scored`` targets of the global batch."""
     micro = rows.shape[0] // grad_accum
     total = torch.zeros((), device=rt.device)
+    ranks = rt.dist.world_size if rt.dist is not None else 1  # DDP averages gradients over the ranks
     for k in range(grad_accum):
         mb = rows[k * micro:(k + 1) * micro]  # (micro, T + 1)
         # DDP all-reduces gradients on the last micro-batch only; the earlier ones just accumulate
@@ -105,8 +108,11 @@ def _loss_and_grads(net: torch.nn.Module, rows: torch.Tensor, grad_accum: int, r
         with sync:
             with rt.autocast_context():
                 logits = net(mb[:, :-1])  # (micro, T, V)
-            # every sequence has T targets: the mean of the micro-batch means is the global token mean
-            loss = F.cross_entropy(logits.float().flatten(0, 1), mb[:, 1:].flatten()) / grad_accum
+            if mask is None:  # every sequence has T targets: the mean of the micro-batch means is the token mean
+                loss = F.cross_entropy(logits.float().flatten(0, 1), mb[:, 1:].flatten()) / grad_accum
+            else:
+                m = mask[k * micro:(k + 1) * micro]  # (micro, T)
+                loss = F.cross_entropy(logits.float()[m], mb[:, 1:][m], reduction="sum") * ranks / scored
             loss.backward()
         total += loss.detach()
     return (rt.dist.mean(total) if rt.dist is not None else total).item()
@@ -147,9 +153,15 @@ def train(model: torch.nn.Module, batches: TrainBatches, cfg, rt: Runtime, *, re
         for step in range(p.step, cfg.steps):
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, lr=cfg.lr, warmup=cfg.warmup_steps, total=cfg.steps, min_ratio=cfg.min_lr_ratio)
-            rows = batches.next()[first_row:first_row + n_rows].to(device)  # (B / world, T + 1) of the global batch
+            batch = batches.next()  # (B, T + 1) tokens, or a task's (tokens, answer mask (B, T))
+            tokens, mask = batch if isinstance(batch, tuple) else (batch, None)
+            rows = tokens[first_row:first_row + n_rows].to(device)  # (B / world, T + 1) of the global batch
             opt.zero_grad(set_to_none=True)
-            value = _loss_and_grads(net, rows, grad_accum, rt)
+            if mask is None:
+                value = _loss_and_grads(net, rows, grad_accum, rt)
+            else:
+                value = _loss_and_grads(net, rows, grad_accum, rt, mask[first_row:first_row + n_rows].to(device),
+                                        int(mask.sum()))
             if p.first_loss is None:
                 p.first_loss = value
             if not math.isfinite(value) or value > cfg.divergence_factor * p.first_loss:

@@ -20,6 +20,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--ppl-tol", type=float, help="allowed relative ppl rise (config gate.ppl_tol, default 0.02)")
     g.add_argument("--ratio-tol", type=float, help="allowed relative rise of ppl(kx)/ppl(1x) (gate.ratio_tol)")
     g.add_argument("--sigmas", type=float, help="standard errors of the baseline seed spread allowed (gate.sigmas)")
+    g.add_argument("--acc-tol", type=float, help="a task run: allowed drop of exact match, e.g. 0.05 = 5 points "
+                                                  "(gate.acc_tol, default 0.05)")
     g.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="any config key, e.g. gate.per_encoding='{rope: {ratio_tol: 0.05}}'")
     add_progress(g)
@@ -65,7 +67,7 @@ def cmd(args: argparse.Namespace) -> int:
 
     if (args.config is None) == (args.current is None):
         raise PosencError("give --config (run the sweep now) or --current (read a results.json), not both or neither")
-    overrides = {f"gate.{flag}": getattr(args, flag) for flag in ("ppl_tol", "ratio_tol", "sigmas")
+    overrides = {f"gate.{flag}": getattr(args, flag) for flag in ("ppl_tol", "ratio_tol", "sigmas", "acc_tol")
                  if getattr(args, flag) is not None}
     overrides.update(parse_set(args.set, "gate.ratio_tol=0.05"))
     cfg = load_config(args.config, overrides)
@@ -84,7 +86,7 @@ def cmd(args: argparse.Namespace) -> int:
     if args.update_baseline:
         return update_baseline(args, current, current_path)
     g = cfg.gate
-    default = gate.Tolerance(g.ppl_tol, g.ratio_tol, g.sigmas)
+    default = gate.Tolerance(g.ppl_tol, g.ratio_tol, g.sigmas, g.acc_tol)
     per = {row: gate.Tolerance(**{**vars(default), **values}) for row, values in g.per_encoding.items()}
     result = gate.compare(baseline, current, per, default)
     result.baseline, result.current = str(args.baseline), current_path

@@ -110,7 +110,7 @@ def cmd(args: argparse.Namespace) -> int:
 
     from posenc_bench.bench import dist as distributed
     from posenc_bench.bench.eta import config_stated_s
-    from posenc_bench.analysis.context import plateau_rows
+    from posenc_bench.analysis.context import plateau_rows, unlearned_rows
     from posenc_bench.analysis.report import results_markdown, write_tables
     from posenc_bench.bench.runtime import Runtime
     from posenc_bench.bench.sweep import Sweep, train_worker
@@ -143,6 +143,11 @@ def cmd(args: argparse.Namespace) -> int:
         write_tables(cfg.out, data)
     print()
     print(results_markdown(data).rstrip())
+    failed = unlearned_rows(data["records"])
+    if failed:
+        print(f"\nnote: {', '.join(failed)} did not learn the task (exact match at 1x below 90%): their "
+              "extrapolation numbers say nothing about the encoding; a bigger or longer-trained model (--steps, "
+              "--set model.d_model=...) learns it")
     flat = plateau_rows(data["records"])
     if flat:
         print(f"\nnote: {', '.join(flat)} did not learn to use context (1x loss late in the window not "

@@ -71,3 +71,24 @@ def unit_results(seeds=(0,), n=40):
                  urec("nope", s, 100, text * 1.5 + shift, by_pos=(2.2, 2.19)),
                  urec("nope", s, 200, text * 1.6 + shift)]
     return {"schema_version": 1, "run": run_meta(["rope", "rope-ntk", "alibi", "nope"], seeds=seeds), "records": recs}
+
+
+def arec(enc, seed, L, correct, key=None, by_depth=None):
+    """A task record (metric accuracy, train size 100) with per-instance units: ``correct`` 0/1 per instance,
+    each instance with 4 answer tokens, of which 4 are right when correct and 2 otherwise."""
+    r = rec(enc, seed, L, None)
+    right = [4 if c else 2 for c in correct]
+    r.update(metric="accuracy", accuracy=sum(correct) / len(correct), token_accuracy=sum(right) / (4 * len(correct)),
+             cell_key=key or f"{enc}-{seed}", units={"size": 1, "correct": list(correct), "right": right,
+                                                      "tokens": [4] * len(correct)})
+    if by_depth is not None:
+        r["by_depth"] = by_depth
+    return r
+
+
+def task_results(records, rows=("rope", "alibi"), seeds=(0, 1)):
+    meta = run_meta(list(rows), seeds=seeds)
+    meta["corpus"] = {"source": "task:copy", "fingerprint": "t", "task": "copy", "options": {}, "paper": "p"}
+    meta["config"]["task"] = {"name": "copy", "train_size": 100, "min_size": 1, "options": {}, "eval_instances": 40,
+                              "eval_seed": 0}
+    return {"schema_version": 1, "run": meta, "records": records}

@@ -69,3 +69,21 @@ def test_cost_table_shows_time_and_peak_memory_only_where_measured():
     assert table.loc["m+x", "8"] == "= base" and table.loc["m+x", "16"] == "n/a"
     assert cost_table([{k: v for k, v in r.items() if k != "peak_memory_bytes"} for r in recs]).empty
     assert build_parser().parse_args(["report", "x"]).value == ",".join(DEFAULT_VALUES)
+
+
+def test_task_rows_that_did_not_learn_are_flagged_and_the_needle_has_its_depth_table():
+    from posenc_bench.analysis.context import depth_table, unlearned, unlearned_rows
+    from tests.analysis.fake_results import arec
+
+    good = [1] * 19 + [0]  # 95%
+    recs = [arec("rope", 0, 100, good, by_depth={"0": 1.0, "1": 0.9}),
+            arec("rope", 0, 200, [1] * 10 + [0] * 10, by_depth={"0": 1.0, "1": 0.0}),
+            arec("nope", 0, 100, [1] * 10 + [0] * 10, by_depth={"0": 0.5, "1": 0.5}),
+            arec("nope", 0, 200, [0] * 20, by_depth={"0": 0.0, "1": 0.0})]
+    assert not unlearned(recs, "rope") and unlearned(recs, "nope") and unlearned_rows(recs) == ["nope"]
+    assert "did not learn the task" in plateau_note(recs, "nope") and plateau_note(recs, "rope") is None
+    table = depth_table(recs, ["rope", "nope"])
+    assert list(table.columns) == ["depth", "100", "200", "effective size"]
+    assert table["effective size"].tolist() == ["100", "", "none", ""]  # rope: every depth >= 90% at 100, not at 200
+    assert table.loc["rope"]["200"].tolist() == ["1.00", "0.00"]
+    assert depth_table([rec("rope", 0, 100, 3.0)]).empty

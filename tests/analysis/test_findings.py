@@ -77,3 +77,19 @@ def test_a_folder_without_differences_says_none():
     out = findings.markdown([fs], 0.95)
     assert fs.between == [] and fs.from_1x == [] and fs.extrapolation == [] and out.count("- none") == 3
     assert out.startswith(f"0 of {fs.made} comparisons hold")
+
+
+def test_a_task_runs_findings_are_differences_of_exact_match_with_the_more_accurate_row_first():
+    from tests.analysis.fake_results import arec, task_results
+
+    a = [1] * 30 + [0] * 10
+    b = [1] * 20 + [0] * 20
+    data = task_results([arec("rope", 0, 100, b), arec("alibi", 0, 100, a), arec("rope", 0, 200, b),
+                         arec("alibi", 0, 200, b)], seeds=(0,))
+    run = Run("", "r", data)
+    fs = findings.run_findings(run, Intervals(data["records"]))
+    assert fs.metric == "accuracy" and fs.made == 2 and not fs.from_1x and not fs.extrapolation
+    (f,) = fs.between
+    assert (f.better, f.worse, f.length) == ("alibi", "rope", 100) and f.comparison.interval.value == 0.25
+    text = findings.markdown([fs], 0.95)
+    assert "A - B of exact match" in text and "- alibi > rope: 1x 0.250 [" in text and "Against its own 1x" not in text

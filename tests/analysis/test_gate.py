@@ -360,3 +360,23 @@ def test_the_action_calls_the_gate_with_flags_that_exist_and_the_workflows_use_i
                    if "posenc-bench" in s.get("uses", "") or s.get("uses") == "./"]
         assert set(step["with"]) <= set(action["inputs"]), workflow.name
         assert "baseline" in step["with"]
+
+def test_a_task_run_is_gated_on_the_drop_of_exact_match(tmp_path, capsys):
+    """Exact match per size: a drop beyond gate.acc_tol (5 points) that the paired interval also excludes fails;
+    the same numbers pass."""
+    from tests.analysis.fake_results import arec, task_results
+
+    good = [1] * 36 + [0] * 4  # 90% of 40 instances
+    worse = [1] * 28 + [0] * 12  # 70%: the same instances, 8 more wrong
+    base = task_results([arec(e, s, L, good) for e in ("rope", "alibi") for s in (0, 1) for L in (100, 200)])
+    assert run_gate(tmp_path, base, base) == 0
+    out = capsys.readouterr().out
+    assert "| rope       | 1x (100) | accuracy" in out and "gate: PASS: 4 checks" in out
+    cur = copy.deepcopy(base)
+    for r in cur["records"]:
+        if r["encoding"] == "rope" and r["eval_len"] == 200:
+            r.update(arec("rope", r["seed"], 200, worse))
+    assert run_gate(tmp_path, base, cur) == 1
+    err = capsys.readouterr().err
+    assert "rope accuracy at 2x (200) down 0.200 > allowed" in err and "1 regression(s) in 4 checks" in err
+    assert run_gate(tmp_path, base, cur, "--acc-tol", "0.25") == 0  # a wider tolerance lets it through

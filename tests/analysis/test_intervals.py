@@ -185,3 +185,27 @@ def test_one_unit_gives_no_interval_rather_than_a_zero_width_one():
     iv = Intervals([_rec("a", 0, 128, [1500.0]), _rec("b", 0, 128, [1600.0])])
     assert not iv.available and "one resampling unit" in iv.problem
     assert iv.interval("ppl", "a", 128) is None
+
+
+def test_a_task_runs_accuracy_is_the_share_of_instances_and_rows_compare_by_difference():
+    """Exact match per seed is the mean of the instances' 0/1; rows are compared by A - B, paired by instance and
+    seed; with one seed the interval is the instances' bootstrap (this checkpoint)."""
+    from tests.analysis.fake_results import arec
+
+    rng = np.random.default_rng(1)
+    hard = rng.random(60) < 0.5  # the instances rope gets right; alibi gets those and 12 more
+    more = hard.copy()
+    more[np.flatnonzero(~hard)[:12]] = True
+    recs = [arec("rope", s, 100, hard.astype(int).tolist()) for s in (0, 1, 2)]
+    recs += [arec("alibi", s, 100, more.astype(int).tolist()) for s in (0, 1, 2)]
+    iv = Intervals(recs)
+    assert iv.metric == "accuracy" and iv.windows(100) == 60 and "60 test instances" in iv.describe()
+    assert iv.interval("accuracy", "rope", 100).value == pytest.approx(hard.mean())
+    assert iv.interval("token_accuracy", "rope", 100).value == pytest.approx((4 * hard.sum() + 2 * (~hard).sum()) / 240)
+    c = iv.compare("accuracy", "alibi", "rope", 100)
+    assert c.null == 0 and c.interval.value == pytest.approx(12 / 60) and c.significant and c.level == METHOD
+    assert c.interval.lo == pytest.approx(c.interval.hi - 2 * (c.interval.hi - c.interval.value))  # seeds agree: text only
+    one = Intervals([r for r in recs if r["seed"] == 0]).compare("accuracy", "alibi", "rope", 100)
+    assert one.level == CHECKPOINT and one.interval.lo > 0.05  # 12 of 60 instances, every one the same way
+    same = Intervals(recs).compare("accuracy", "rope", "rope", 100)
+    assert same.interval.value == 0 and not same.significant

@@ -40,8 +40,10 @@ def test_a_record_says_what_it_is_its_metric_and_where_it_was_measured():
     assert (rec["encoding"], rec["base_encoding"], rec["window"], rec["seed"], rec["eval_len"]) == ("rope+sw16", "rope", 16, 1, 128)
     assert rec["ratio"] == 2.0 and rec["metric"] == "ppl" and rec["status"] == "ok" and rec["ppl"] is None
     assert (rec["corpus_fingerprint"], rec["eval_fingerprint"], rec["git_commit"], rec["device"]) == ("c", "e", "abc", "cpu")
-    with pytest.raises(ValueError, match="unknown metric 'accuracy'; valid: ppl"):
-        new_record(RUN, "rope", 0, 64, metric="accuracy")
+    with pytest.raises(ValueError, match="unknown metric 'bleu'; valid: ppl, accuracy"):
+        new_record(RUN, "rope", 0, 64, metric="bleu")
+    task = new_record(RUN, "rope", 0, 64, metric="accuracy")  # a task run's record: exact match, not yet measured
+    assert task["metric"] == "accuracy" and task["accuracy"] is None and task["token_accuracy"] is None
 
 
 def test_one_builder_for_our_models_records_keys_training_and_the_protocol():
