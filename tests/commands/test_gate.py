@@ -24,3 +24,17 @@ def test_config_and_current_exclude_each_other(tmp_path, capsys):
     err = capsys.readouterr().err.splitlines()
     assert err == ["posenc-bench gate: error: give --config (run the sweep now) or --current (read a results.json), "
                    "not both or neither"] * 2
+
+
+def test_the_task_baseline_is_the_tasks_ci_config_and_passes_against_itself(tmp_path, capsys):
+    """CI gates `tasks-ci` against this file: a config change without a new baseline fails here, not in CI."""
+    from posenc_bench.bench.config import load_config
+
+    tasks = "results/baseline-tasks-ci.json"
+    data = json.loads(open(tasks).read())
+    config = load_config("tasks-ci").to_dict()
+    for section in ("model", "train", "task", "eval", "encodings", "seeds"):
+        assert data["run"]["config"][section] == config[section], section
+    assert {r["metric"] for r in data["records"]} == {"accuracy"}
+    assert main(["gate", "--current", tasks, "--baseline", tasks, "--out", str(tmp_path)]) == 0
+    assert "gate: PASS: 8 checks" in capsys.readouterr().out
