@@ -199,7 +199,7 @@ def _accuracy_check(enc: str, L: int, T: int, b: tuple[float, Optional[float], i
     drop, allowed, source = bm - cm, tol, "tolerance"
     diff = paired.compare("accuracy", f"current:{enc}", f"baseline:{enc}", L) if paired is not None else None
     if diff is not None:  # current - baseline: the drop's interval is its negative
-        lo, hi = -diff.interval.hi, -diff.interval.lo
+        lo, hi = 0.0 - diff.interval.hi, 0.0 - diff.interval.lo  # 0.0 -: no "-0.00%" for a zero-width interval
         if drop - lo > tol:
             allowed, source = drop - lo, f"interval ({paired.ci:.0%}, paired)"
         verdict = "REGRESSED" if drop > allowed else ("improved" if drop < -tol and hi < 0 else "ok")
