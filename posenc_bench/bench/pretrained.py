@@ -262,6 +262,9 @@ class _HFRows:
 def _checkpoint_config(ckpt: checkpoint.Checkpoint, opts: EvalOptions) -> RunConfig:
     """The checkpoint's run config with this eval's overrides, validated."""
     cfg = ckpt.config
+    if cfg.task.name:
+        raise ConfigError(f"checkpoint {ckpt.path} was trained on the task {cfg.task.name!r}; `eval` scores text: "
+                          "rerun its config with `posenc-bench run` to score the task")
     hf_only = [flag for flag, on in (("--split", opts.split != "test"), ("--long-docs", opts.long_docs),
                                      ("--unit", opts.unit is not None), ("--segment-len", opts.segment_len is not None)) if on]
     if hf_only:

@@ -88,6 +88,8 @@ def test_a_task_run_records_accuracy_per_instance_and_resumes(tmp_path, capsys):
     assert "did not learn the task" in table  # 30 steps learn nothing: flagged, as the plateau is for text
     capsys.readouterr()
     assert main(args) == 0 and "done before, skipped" in capsys.readouterr().out
+    assert main(["eval", "--model", str(tmp_path / "t" / "checkpoints" / "rope-seed0"), "--out", str(tmp_path / "e")]) == 2
+    assert "trained on the task 'copy'; `eval` scores text" in capsys.readouterr().err
     assert main([*args[:-4], "--set", "task.name=reverse", "--out", str(tmp_path / "t")]) == 2
     assert "different" in capsys.readouterr().err
 
