@@ -8,8 +8,7 @@
   the byte tokenizer's; eval lengths stay in tokens.
 
 A run trains its BPE once and keeps it in its results folder (``tokenizer-bpe-<vocab>.json``, written
-atomically); resume,
-checkpoint eval, passkey and the shards of a sweep load it from there. The tokenizer's fingerprint (of its
+atomically); resume, checkpoint eval, passkey and the shards of a sweep load it from there. The tokenizer's fingerprint (of its
 serialized form) is part of the corpus fingerprint, and so of every cell key, the eval fingerprint and the
 folder's identity: results made with another vocabulary, or with another BPE of the same size, are refused
 as incomparable instead of mixed.

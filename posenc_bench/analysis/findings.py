@@ -69,13 +69,12 @@ def run_findings(run: Run, iv: Intervals) -> Findings:
     rows = row_order(run.data)
     T = train_len(run.data["run"])
     lengths = sorted({r["eval_len"] for r in run.data["records"]})
-    if iv.metric == "accuracy":
-        return _task_findings(run, iv, rows, T, lengths)
-    found: dict[str, list[Finding]] = {"ppl": [], "ratio": []}
+    between = "accuracy" if iv.metric == "accuracy" else "ppl"  # a task run compares exact match (A - B)
+    found: dict[str, list[Finding]] = {between: [], "ratio": []}  # a task's intervals have no ratio: none found
     from_1x, made = [], 0
     for length in lengths:
         for a, b in combinations(rows, 2):
-            for value in ("ppl", "ratio") if length != T else ("ppl",):
+            for value in (between, "ratio") if length != T else (between,):
                 if iv.compare(value, a, b, length) is None:
                     continue
                 made += 1
@@ -88,22 +87,8 @@ def run_findings(run: Run, iv: Intervals) -> Findings:
             made += 1
             if c.significant:
                 from_1x.append(Finding(row, "", length, T, c))
-    levels = {f.comparison.level for f in found["ppl"] + from_1x + found["ratio"]}
-    return Findings(run.label, found["ppl"], from_1x, found["ratio"], made, levels)
-
-
-def _task_findings(run: Run, iv: Intervals, rows: list[str], T: int, lengths: list[int]) -> Findings:
-    """A task run's findings: row A's exact match minus row B's at each size (paired by test instance and seed),
-    where the interval excludes 0 by at least a point; written with A the more accurate."""
-    found, made = [], 0
-    for length in lengths:
-        for a, b in combinations(rows, 2):
-            if iv.compare("accuracy", a, b, length) is None:
-                continue
-            made += 1
-            if (o := _oriented(iv, "accuracy", a, b, length)) is not None:
-                found.append(Finding(o[0], o[1], length, T, o[2]))
-    return Findings(run.label, found, [], [], made, {f.comparison.level for f in found}, "accuracy")
+    levels = {f.comparison.level for f in found[between] + from_1x + found["ratio"]}
+    return Findings(run.label, found[between], from_1x, found["ratio"], made, levels, iv.metric)
 
 
 def _ratio_to_1x(iv: Intervals, row: str, length: int) -> Comparison | None:

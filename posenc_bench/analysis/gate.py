@@ -48,9 +48,9 @@ from pathlib import Path
 from typing import Optional
 
 from posenc_bench.errors import PosencError
-from posenc_bench.bench.records import ResultsError, differences, read_results
+from posenc_bench.bench.records import ResultsError, differences, metric_of, read_results
 from posenc_bench.analysis.captions import kind, kind_text
-from posenc_bench.analysis.intervals import CI, Intervals
+from posenc_bench.analysis.intervals import CI, DIFFERENCES, Intervals
 from posenc_bench.analysis.seeds import RATIO, Seeds, mean_std, over_seeds, with_ratio_to_1x
 from posenc_bench.analysis.tables import train_len
 from posenc_bench.files import atomic_write_json, atomic_write_text
@@ -154,14 +154,14 @@ def incomparable(baseline: dict, current: dict) -> list[str]:
 # ---------------------------------------------------------------------------------------------- compare
 
 
-def _cells(data: dict) -> dict[tuple[str, int], tuple[Seeds, Seeds]]:
+def _cells(data: dict) -> dict[tuple[str, int], tuple[Seeds, Optional[Seeds]]]:
     """(row, eval length) -> its ppl and its ratio to 1x over the seeds (``analysis/seeds.py``); for a task run
-    its accuracy (and no ratio)."""
+    its accuracy and no ratio (None)."""
     groups: dict[tuple[str, int], list[dict]] = {}
     for r in with_ratio_to_1x(data["records"]):
         groups.setdefault((r["encoding"], r["eval_len"]), []).append(r)
-    if any(r.get("metric") == "accuracy" for r in data["records"]):
-        return {key: (over_seeds(group, "accuracy"), Seeds("ok", [], 0)) for key, group in groups.items()}
+    if metric_of(data["records"]) == "accuracy":
+        return {key: (over_seeds(group, "accuracy"), None) for key, group in groups.items()}
     return {key: (over_seeds(group, "ppl"), over_seeds(group, RATIO)) for key, group in groups.items()}
 
 
@@ -171,43 +171,23 @@ def _check(enc: str, L: int, T: int, metric: str, b: list[float], c: list[float]
     tol, sigmas = limits
     bm, bs = mean_std(b)
     cm, _ = mean_std(c)
-    if metric == "accuracy":
-        return _accuracy_check(enc, L, T, (bm, bs, len(b)), (cm, len(c)), limits, paired)
-    change = cm / bm - 1
+    drop = metric in DIFFERENCES  # exact match: worse is lower, and a change is its drop in points
+    change = bm - cm if drop else cm / bm - 1
     allowed, source = tol, "tolerance"
-    ratio = paired.compare(metric, f"current:{enc}", f"baseline:{enc}", L) if paired is not None else None
-    if ratio is not None:
-        lo, hi = ratio.interval.lo - 1, ratio.interval.hi - 1
+    paired_change = paired.compare(metric, f"current:{enc}", f"baseline:{enc}", L) if paired is not None else None
+    if paired_change is not None:
+        i = paired_change.interval  # current / baseline, or current - baseline for exact match
+        lo, hi = (0.0 - i.hi, 0.0 - i.lo) if drop else (i.lo - 1, i.hi - 1)  # 0.0 -: no "-0.00%"
         if change - lo > tol:
             allowed, source = change - lo, f"interval ({paired.ci:.0%}, paired)"
         verdict = "REGRESSED" if change > allowed else ("improved" if change < -tol and hi < 0 else "ok")
         return Check(enc, L, T, metric, bm, cm, change, allowed, source, verdict, lo=lo, hi=hi)
     if len(b) >= 2 and bm > 0:
-        spread = sigmas * bs / bm * math.sqrt(1 / len(b) + 1 / len(c))
+        spread = sigmas * bs / (1 if drop else bm) * math.sqrt(1 / len(b) + 1 / len(c))
         if spread > tol:
             allowed, source = spread, f"seed spread ({sigmas:g} sigma, {len(b)} vs {len(c)} seeds)"
     verdict = "REGRESSED" if change > allowed else ("improved" if change < -allowed else "ok")
     return Check(enc, L, T, metric, bm, cm, change, allowed, source, verdict)
-
-
-def _accuracy_check(enc: str, L: int, T: int, b: tuple[float, Optional[float], int], c: tuple[float, int],
-                    limits: tuple[float, float], paired: Optional[Intervals]) -> Check:
-    """A task cell's exact match: its drop in points (baseline - current) against ``gate.acc_tol``, widened by
-    the paired interval of the difference or by the baseline's seed spread."""
-    (bm, bs, nb), (cm, nc) = b, c
-    tol, sigmas = limits
-    drop, allowed, source = bm - cm, tol, "tolerance"
-    diff = paired.compare("accuracy", f"current:{enc}", f"baseline:{enc}", L) if paired is not None else None
-    if diff is not None:  # current - baseline: the drop's interval is its negative
-        lo, hi = 0.0 - diff.interval.hi, 0.0 - diff.interval.lo  # 0.0 -: no "-0.00%" for a zero-width interval
-        if drop - lo > tol:
-            allowed, source = drop - lo, f"interval ({paired.ci:.0%}, paired)"
-        verdict = "REGRESSED" if drop > allowed else ("improved" if drop < -tol and hi < 0 else "ok")
-        return Check(enc, L, T, "accuracy", bm, cm, drop, allowed, source, verdict, lo=lo, hi=hi)
-    if nb >= 2 and bs is not None and sigmas * bs * math.sqrt(1 / nb + 1 / nc) > tol:
-        allowed, source = sigmas * bs * math.sqrt(1 / nb + 1 / nc), f"seed spread ({sigmas:g} sigma, {nb} vs {nc} seeds)"
-    verdict = "REGRESSED" if drop > allowed else ("improved" if drop < -allowed else "ok")
-    return Check(enc, L, T, "accuracy", bm, cm, drop, allowed, source, verdict)
 
 
 def compare(baseline: dict, current: dict, tolerances: dict[str, Tolerance], default: Tolerance) -> GateResult:
@@ -258,7 +238,7 @@ def _cell_checks(enc: str, L: int, T: int, b: tuple[Seeds, Seeds], c: Optional[t
             return [Check(enc, L, T, "-", verdict="REGRESSED",
                           detail=f"{b_ppl.status} in the baseline, {c_ppl.status} now: {c_ppl.reason}")]
         return [Check(enc, L, T, "-", verdict="improved", detail=f"{b_ppl.status} in the baseline, {c_ppl.status} now")]
-    if not b_ratio.seeds and not c_ratio.seeds:  # a task cell (``_cells``): its accuracy
+    if b_ratio is None:  # a task cell (``_cells``): its accuracy
         return [_check(enc, L, T, "accuracy", b_ppl.values, c_ppl.values, (tol.acc_tol, tol.sigmas), paired)]
     checks = [_check(enc, L, T, "ppl", b_ppl.values, c_ppl.values, (tol.ppl_tol, tol.sigmas), paired)]
     if L != T and b_ratio.values and c_ratio.values:

@@ -40,6 +40,8 @@ from typing import Iterable, Optional
 
 import numpy as np
 
+from posenc_bench.bench.records import metric_of
+
 CI = 0.95  # default level
 DRAWS = 2000  # text bootstrap draws: the bounds move by well under a tenth of the width between bootstrap seeds
 SEED = 0  # the bootstrap's own seed: the same results give the same intervals
@@ -156,7 +158,7 @@ class Intervals:
             raise ValueError(f"confidence level must be between 0 and 1, got {ci!r}")
         self.ci = ci
         records = list(records)
-        self.metric = "accuracy" if any(r.get("metric") == "accuracy" for r in records) else "ppl"
+        self.metric = metric_of(records)
         self.rows = list(dict.fromkeys(label(r) for r in records))
         self.seeds = sorted({r["seed"] for r in records})
         self.lengths = sorted({r["eval_len"] for r in records})
@@ -322,7 +324,7 @@ def _units_problem(records: list[dict]) -> str:
         return "no measured records"
     if not any(r.get("units") for r in ok):
         return "these results predate per-unit numbers; rerun to get them"
-    if any(r.get("metric") == "accuracy" for r in ok):  # a task: the same number of instances at every size
+    if metric_of(ok) == "accuracy":  # a task: the same number of instances at every size
         shapes = {len(r["units"]["correct"]) for r in ok if r.get("units")}
         return "the records' test instances differ in number" if len(shapes) > 1 else ""
     shapes = {(r["units"]["size"], tuple(r["units"]["tokens"])) for r in ok if r.get("units")}

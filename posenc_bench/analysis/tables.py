@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from posenc_bench.errors import PosencError
-from posenc_bench.bench.records import read_results
+from posenc_bench.bench.records import metric_of, read_results
 from posenc_bench.analysis.context import plateau_note
 from posenc_bench.analysis.intervals import (CHECKPOINT, CI, DIFFERENCES, MIN_EFFECT, MIN_SEEDS, MIN_WINDOWS, VALUES,
                                              Intervals)
@@ -115,7 +115,7 @@ def row_order(data: dict) -> list[str]:
 
 def is_task(run: Run) -> bool:
     """Whether a results file holds a task run (exact match) rather than text (perplexity)."""
-    return any(r.get("metric") == "accuracy" for r in run.data["records"])
+    return metric_of(run.data["records"]) == "accuracy"
 
 
 def train_len(run: dict) -> int:

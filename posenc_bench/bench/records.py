@@ -91,6 +91,11 @@ MEASURED = ("ppl", "bpb", "loss", "tokens", "bytes", "loss_by_position", "units"
             "peak_memory_kind", "accuracy", "token_accuracy", "instances", "by_depth")
 
 
+def metric_of(records: Iterable[dict]) -> str:
+    """What a set of records measures: "accuracy" (a task run) when any record says so, else "ppl"."""
+    return "accuracy" if any(r.get("metric") == "accuracy" for r in records) else "ppl"
+
+
 def new_record(run: dict, row: str, seed: int, eval_len: int, *, metric: str = "ppl", **fields: Any) -> dict:
     """The record of one (row, seed, eval length), not yet measured: what it is, then the row's own
     ``fields`` (keys, training figures, ...), then where it was measured (from the run's metadata)."""
@@ -188,7 +193,7 @@ def run_meta(*, rows: list[str], train_len: int, eval_lengths: list[int], corpus
 
 def summary_line(row: str, records: list[dict]) -> str:
     """One line of a cell's numbers: ppl at each length, or a task's exact match."""
-    value = "accuracy" if records and records[0].get("metric") == "accuracy" else "ppl"
+    value = metric_of(records)
     return f"  {row}: {value} " + ", ".join(
         f"{r['eval_len']}: {r[value]:.3f}" if r["status"] == "ok" else f"{r['eval_len']}: {r['status']}" for r in records
     )

@@ -34,7 +34,6 @@ from posenc_bench.data import TrainBatches
 from posenc_bench.env import device_description
 from posenc_bench.files import atomic_write_text
 from posenc_bench.model.transformer import DecoderLM
-from posenc_bench.tokenizer import keep_tokenizer
 
 
 @dataclass
@@ -213,8 +212,7 @@ class Sweep:
             if fresh:
                 remove_outputs(self.out, self.cfg, self.shard)
             self.store = self.folder.open_store(self.run_meta)
-            if isinstance(self.work, work.TextWork):  # resume, shards and checkpoint evals load a BPE from here
-                keep_tokenizer(self.out, self.work.corpus.tokenizer)
+            self.work.keep(self.out)  # a BPE, which resume, shards and checkpoint evals load from here
             try:
                 self.store.run["params"] = row_params(self.cfg, self.store.run["rows"])  # earlier invocations' rows too
                 # the folder's config: this one with the encodings and seeds of every invocation that wrote here
@@ -234,8 +232,7 @@ class Sweep:
         shard = f", shard {self.shard[0]} of {self.shard[1]}" if self.shard else ""
         lines = [f"posenc-bench run: {len(rows)} row(s) x {len(cfg.seeds)} seed(s){shard}: {len(cells)} cell(s)"
                  + (f", {done} done before" if done else "") + f"; train length {cfg.train.train_len}, eval lengths "
-                 + ", ".join(map(str, self.work.lengths)) + f" ({self.run_meta['eval_tokens']:,} "
-                 + ("target tokens each)" if self.work.metric == "ppl" else "test instances in all)"),
+                 + ", ".join(map(str, self.work.lengths)) + f" ({self.run_meta['eval_tokens']:,} {self.work.counted})",
                  f"  {self.work.describe()}; device "
                  f"{self.run_meta['device']}; out {self.out} (its config.yaml holds the whole config)",
                  f"  work: {eta.cost_line(cfg, cells)}"]

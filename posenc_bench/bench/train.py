@@ -157,11 +157,8 @@ def train(model: torch.nn.Module, batches: TrainBatches, cfg, rt: Runtime, *, re
             tokens, mask = batch if isinstance(batch, tuple) else (batch, None)
             rows = tokens[first_row:first_row + n_rows].to(device)  # (B / world, T + 1) of the global batch
             opt.zero_grad(set_to_none=True)
-            if mask is None:
-                value = _loss_and_grads(net, rows, grad_accum, rt)
-            else:
-                value = _loss_and_grads(net, rows, grad_accum, rt, mask[first_row:first_row + n_rows].to(device),
-                                        int(mask.sum()))
+            mine = None if mask is None else mask[first_row:first_row + n_rows].to(device)  # (B / world, T)
+            value = _loss_and_grads(net, rows, grad_accum, rt, mine, 0 if mask is None else int(mask.sum()))
             if p.first_loss is None:
                 p.first_loss = value
             if not math.isfinite(value) or value > cfg.divergence_factor * p.first_loss:

@@ -16,12 +16,14 @@ from posenc_bench.bench.config import RunConfig, load_run_corpus
 from posenc_bench.bench.evaluate import EvalSet, evaluate_model
 from posenc_bench.data import Corpus, TrainBatches
 from posenc_bench.errors import DataError
+from posenc_bench.tokenizer import keep_tokenizer
 
 
 class TextWork:
     """A text run: the corpus read with its tokenizer, the same eval targets at every length (``EvalSet``)."""
 
     metric = "ppl"
+    counted = "target tokens each"  # what the run's eval_tokens counts, for the sweep's summary
 
     def __init__(self, cfg: RunConfig, out: Optional[Path | str], save: bool = False) -> None:
         self.cfg = cfg
@@ -50,6 +52,10 @@ class TextWork:
         """A BPE's description for checkpoint metas (None for bytes)."""
         tok = self.corpus.tokenizer
         return tok.describe() if tok.fingerprint else None
+
+    def keep(self, folder: Path | str) -> None:
+        """Write a BPE into the results folder (resume, shards and checkpoint evals load it from there)."""
+        keep_tokenizer(folder, self.corpus.tokenizer)
 
 
 def check_train_split(cfg: RunConfig, corpus: Corpus) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 
 from posenc_bench.bench.tasks.addition import Addition
-from posenc_bench.bench.tasks.base import BOS, Instance, Task, eval_instances
+from posenc_bench.bench.tasks.base import BOS, Instance, Task
 from posenc_bench.bench.tasks.copy import Copy, Reverse
 from posenc_bench.bench.tasks.needle import Needle
 from posenc_bench.bench.tasks.recall import Recall
@@ -17,7 +17,7 @@ from posenc_bench.errors import ConfigError
 
 TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (Copy, Reverse, Addition, Recall, Needle)}
 
-__all__ = ["BOS", "Instance", "TASKS", "Task", "eval_instances", "get", "input_length", "validate"]
+__all__ = ["BOS", "Instance", "TASKS", "Task", "get", "input_length", "validate"]
 
 
 def get(name: str, options: dict | None = None) -> Task:

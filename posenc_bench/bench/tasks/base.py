@@ -52,6 +52,11 @@ class Task:
         interleaved formats, the given tokens between answers) by plain Python."""
         raise NotImplementedError
 
+    def eval_instances(self, rng: random.Random, size: int, count: int) -> list[Instance]:
+        """The test instances of one size: ``count`` draws of ``make`` (a task with a grid of its own, the
+        needle's depths, overrides it)."""
+        return [self.make(rng, size) for _ in range(count)]
+
     def length(self, size: int) -> int:
         """Tokens of an instance of ``size`` (every instance of a size has this length)."""
         return len(self.make(random.Random(0), size).tokens)
@@ -64,10 +69,3 @@ def prompt_answer(prompt: list[int], answer: list[int]) -> Instance:
     """BOS, ``prompt``, then ``answer`` scored."""
     tokens = [BOS, *prompt, *answer]
     return Instance(tokens, list(range(1 + len(prompt), len(tokens))))
-
-
-def eval_instances(task: Task, rng: random.Random, size: int, count: int) -> list[Instance]:
-    """The test instances of one size: the task's own choice (``Task.eval_instances``, e.g. the needle's
-    depths) or ``count`` draws of ``make``."""
-    own = getattr(task, "eval_instances", None)
-    return own(rng, size, count) if own is not None else [task.make(rng, size) for _ in range(count)]

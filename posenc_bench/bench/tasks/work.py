@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from posenc_bench.bench import tasks
-from posenc_bench.bench.tasks.base import Instance, eval_instances
+from posenc_bench.bench.tasks.base import Instance
 
 PAD = 0  # a byte no task writes: padding after an instance's last token, never scored
 GENERATOR_VERSION = 1  # bump when a task's instances change, so no checkpoint or record is reused across it
@@ -61,7 +61,7 @@ def score_instances(model, instances: list[Instance], rt, batch_size: int = 64, 
     a record (module docstring). ``first_id``: the run-wide index of the first instance, which an encoding with
     random eval positions (``+rand``) seeds each instance's positions with."""
     t0 = time.perf_counter()
-    correct, right, answer_len, nll = [], [], [], 0.0
+    right, answer_len, nll = [], [], 0.0
     for start in range(0, len(instances), batch_size):
         chunk = instances[start : start + batch_size]
         tokens, mask = pad(chunk)  # (b, T + 1), (b, T)
@@ -92,14 +92,15 @@ class TaskWork:
     """What a sweep trains on and scores, for a task run (``bench/work.py`` has the text run's)."""
 
     metric = "accuracy"
+    counted = "test instances in all"  # what the run's eval_tokens counts, for the sweep's summary
 
     def __init__(self, cfg) -> None:
         self.cfg, t = cfg, cfg.task
         self.task = tasks.get(t.name, t.options)
         self.lengths = cfg.eval_lengths()  # instance sizes
         self.train_len = t.train_size  # what the tables' 1x is: the train size, not the model's token length
-        self.instances = {size: eval_instances(self.task, random.Random(f"{t.name}|{size}|{t.eval_seed}"), size,
-                                               t.eval_instances) for size in self.lengths}
+        self.instances = {size: self.task.eval_instances(random.Random(f"{t.name}|{size}|{t.eval_seed}"), size,
+                                                         t.eval_instances) for size in self.lengths}
         ident = {"task": asdict(t), "generator": GENERATOR_VERSION}
         self.fingerprint = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
         test = hashlib.sha256(json.dumps([[i.tokens, i.answer] for s in self.lengths for i in self.instances[s]]).encode())
@@ -132,3 +133,6 @@ class TaskWork:
 
     def tokenizer(self) -> Optional[dict]:
         return None
+
+    def keep(self, folder) -> None:
+        """Nothing to keep beside the results: a task's instances come from its config."""
