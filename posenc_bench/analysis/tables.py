@@ -242,8 +242,10 @@ def annotate(table: Table, runs: Sequence[Run], intervals: dict[str, Intervals],
     for j, col in enumerate(table.columns):
         iv = intervals.get(col.run)
         if iv is not None and iv.available and iv.windows(col.eval_len) < MIN_WINDOWS:
-            table.notes.append(f"{col.header()}: only {iv.windows(col.eval_len)} independent windows of "
-                               f"{col.eval_len} tokens; its intervals rest on few samples")
+            samples = ("test instances" if iv.metric == "accuracy" else
+                       f"independent windows of {col.eval_len} tokens")
+            table.notes.append(f"{col.header()}: only {iv.windows(col.eval_len)} {samples}; its intervals rest on "
+                               "few samples")
     one_seed = [iv is not None and iv.available and len(iv.seeds) < MIN_SEEDS for iv in
                 (intervals.get(col.run) for col in table.columns)]
     for (row, j), cell in table.cells.items():

@@ -164,6 +164,18 @@ def test_committed_readmes_findings_blocks_are_what_report_finds(page):
         f"the findings in {page} are stale: run `posenc-bench report {key} --findings --update {page}`")
 
 
+def test_few_test_instances_are_named_as_instances(tmp_path, capsys):
+    from tests.analysis.fake_results import arec, task_results
+
+    correct = [1] * 15 + [0] * 5  # 20 instances a size: fewer than the 30 an interval should rest on
+    folder = write(tmp_path / "run", task_results([arec(e, s, L, correct) for e in ("rope", "alibi")
+                                                   for s in (0, 1) for L in (100, 200)]))
+    assert main(["report", str(folder), "--value", "accuracy"]) == 0
+    out = capsys.readouterr().out
+    assert "2x (200): only 20 test instances; its intervals rest on few samples" in out
+    assert "independent windows" not in out
+
+
 def test_plateau_flag_and_few_windows_and_csv_columns(tmp_path, capsys):
     folder = write(tmp_path / "run", unit_results(n=20))
     assert main(["report", str(folder)]) == 0
