@@ -24,6 +24,17 @@ CONTEXT_TITLES = {
     "depths": "The needle: exact match at each depth of the filler (0: first, 1: last; lines) and size (columns), the "
               "mean over the row's seeds; effective size: the largest size at which every depth is at least 90%",
 }
+TRAINING_ONLY_TITLE = "Training (train loss, nats), each the mean over the row's seeds"
+
+
+def context_title(value: str, frame: pd.DataFrame) -> str:
+    """The title of a context table: a training table without context-use columns (a task's: its records have
+    no loss by position) says only what it shows."""
+    if value == "training" and not any(str(c).startswith("1x loss") for c in frame.columns):
+        return TRAINING_ONLY_TITLE
+    return CONTEXT_TITLES[value]
+
+
 # A model that uses its context predicts later positions of a window better than the first ones. At 1x, the
 # test loss over the second half of the window must be this many nats below the first position bucket's (the
 # bucket is the longest eval length / eval.position_buckets wide: positions 0-7 in the default run, 0-31 in

@@ -22,7 +22,7 @@ import pandas as pd
 from tabulate import tabulate
 
 from posenc_bench.analysis.captions import caption
-from posenc_bench.analysis.context import CONTEXT_TABLES, CONTEXT_TITLES
+from posenc_bench.analysis.context import CONTEXT_TABLES, context_title
 from posenc_bench.analysis import findings, robustness
 from posenc_bench.analysis.intervals import CI, DIFFERENCES, MIN_EFFECT, MIN_POINTS, VALUES as TABLE_VALUES, Intervals
 from posenc_bench.analysis.tables import (Cell, ReportError, Run, Table, annotate, build_table, compare_table,
@@ -170,7 +170,7 @@ def render(runs: Sequence[Run], *, fmt: str = "md", values: Sequence[str] = DEFA
             for run in runs:
                 frame = _context_frame(run, fmt, v)
                 if not frame.empty:
-                    title = CONTEXT_TITLES[v] + (f", {run.label}" if run.label else "")
+                    title = context_title(v, frame) + (f", {run.label}" if run.label else "")
                     blocks.append((title, _tabulate(frame, fmt), []))
             continue
         table = next(it)

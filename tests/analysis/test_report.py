@@ -174,6 +174,9 @@ def test_few_test_instances_are_named_as_instances(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "2x (200): only 20 test instances; its intervals rest on few samples" in out
     assert "independent windows" not in out
+    assert main(["report", str(folder), "--value", "training"]) == 0  # no loss by position: no context-use claim
+    out = capsys.readouterr().out
+    assert "Training (train loss, nats), each the mean over the row's seeds:" in out and "context use" not in out
 
 
 def test_plateau_flag_and_few_windows_and_csv_columns(tmp_path, capsys):
