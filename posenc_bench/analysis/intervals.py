@@ -50,7 +50,7 @@ MIN_EFFECT = 0.001  # a relative difference below this is never marked, whatever
 MIN_WINDOWS = 30  # below this many independent windows at a length, the table says so
 MIN_POINTS = 0.01  # a task's accuracy: a difference below one percentage point is never marked
 VALUES = ("ppl", "bpb", "ratio", "accuracy", "token_accuracy")
-DIFFERENCES = ("accuracy", "token_accuracy")  # compared as A - B (0: no difference), the others as A / B
+DIFFERENCES = ("accuracy", "token_accuracy")  # shares in [0, 1], compared as A - B (0: no difference); the others A / B
 METHOD, CHECKPOINT = "method", "this checkpoint"  # the two levels of a comparison
 
 
@@ -215,8 +215,17 @@ class Intervals:
         stat = stat[np.isfinite(stat[:, 0])]
         return stat if len(stat) else None
 
-    def _interval(self, x: np.ndarray) -> tuple[Interval, str]:
-        """The interval of the mean over seeds of ``x`` (k, 1 + draws), and its level (module docstring)."""
+    def _interval(self, x: np.ndarray, bounds: Optional[tuple[float, float]] = None) -> tuple[Interval, str]:
+        """The interval of the mean over seeds of ``x`` (k, 1 + draws), and its level (module docstring), kept
+        within ``bounds`` where the quantity has them (a share lies in [0, 1], a difference of shares in
+        [-1, 1]; a t-interval over few seeds can reach past them, and the mean cannot)."""
+        interval, level = self._unbounded_interval(x)
+        if bounds is not None:
+            lo, hi = bounds
+            interval = Interval(interval.value, max(lo, interval.lo), min(hi, interval.hi))
+        return interval, level
+
+    def _unbounded_interval(self, x: np.ndarray) -> tuple[Interval, str]:
         k, value = len(x), float(x[:, 0].mean())
         text = x[:, 1:].mean(0)  # (draws,): the mean over seeds in each draw of the text
         if k < MIN_SEEDS:
@@ -235,7 +244,7 @@ class Intervals:
         """``value`` (ppl | bpb | ratio to 1x) of ``row`` at ``length`` (its mean over seeds) with its interval;
         None without numbers."""
         x = self._values(value, (row,), length)
-        return None if x is None else self._interval(x)[0]
+        return None if x is None else self._interval(x, (0.0, 1.0) if value in DIFFERENCES else None)[0]
 
     def level(self, row: str, length: int) -> Optional[str]:
         """The level of ``row``'s own interval at ``length``: METHOD with MIN_SEEDS seeds, else CHECKPOINT."""
@@ -257,7 +266,7 @@ class Intervals:
             a, b = self._values(value, (row,), length), self._values(value, (ref,), length)
             shuffled = np.random.default_rng(SEED + 1).permutation(b[:, 1:].T).T  # (k, draws): other text draws
             x = a[: len(b)] / np.concatenate([b[:, :1], shuffled], axis=1)
-        interval, level = self._interval(x)
+        interval, level = self._interval(x, (-1.0, 1.0) if value in DIFFERENCES else None)
         if value in DIFFERENCES:
             return Comparison(interval, level, len(x), null=0.0, min_effect=MIN_POINTS)
         return Comparison(interval, level, len(x))

@@ -18,8 +18,8 @@ from typing import Optional, Sequence
 from posenc_bench.errors import PosencError
 from posenc_bench.bench.records import metric_of, read_results
 from posenc_bench.analysis.context import plateau_note
-from posenc_bench.analysis.intervals import (CHECKPOINT, CI, DIFFERENCES, MIN_EFFECT, MIN_SEEDS, MIN_WINDOWS, VALUES,
-                                             Intervals)
+from posenc_bench.analysis.intervals import (CHECKPOINT, CI, DIFFERENCES, MIN_EFFECT, MIN_POINTS, MIN_SEEDS, MIN_WINDOWS,
+                                             VALUES, Intervals)
 from posenc_bench.analysis.seeds import RATIO, mean_std, over_seeds, with_ratio_to_1x
 
 TITLES = {
@@ -30,8 +30,12 @@ TITLES = {
                 "better; columns: instance size as a multiple of the train size)",
     "token_accuracy": "Answer tokens right (higher is better; columns: instance size as a multiple of the train size)",
 }
-COMPARE_TITLE = (f"Perplexity relative to {{ref}} at the same length (paired); *: the interval excludes 1 and the "
-                 f"difference is at least {MIN_EFFECT:.1%}")
+COMPARE_TITLES = {  # --compare REF: by the run's metric, what each cell is and what * says
+    "ppl": (f"Perplexity relative to {{ref}} at the same length (paired); *: the interval excludes 1 and the "
+            f"difference is at least {MIN_EFFECT:.1%}"),
+    "accuracy": (f"Exact match minus {{ref}}'s at the same size (paired by instance and seed); *: the interval "
+                 f"excludes 0 and the difference is at least {MIN_POINTS * 100:g} percentage point"),
+}
 CHECKPOINT_NOTE = (f"† this checkpoint: fewer than {MIN_SEEDS} seeds in common, so the interval covers the text only and "
                    "describes these trained models, not their recipe; another seed can move a model by more")
 ONE_SEED_NOTE = ("one seed: every interval and mark in this table is about this checkpoint (these trained models on "
@@ -210,17 +214,19 @@ def _mark_best(table: Table, intervals: dict[str, Intervals]) -> None:
 
 
 def compare_table(runs: Sequence[Run], ref: str, intervals: dict[str, Intervals], *, digits: int = 2) -> Table:
-    """ppl of every row relative to ``ref`` at the same length (seed means), with the paired interval."""
+    """Every row against ``ref`` at the same length (seed means), with the paired interval: ppl as a ratio, or a
+    task's exact match as a difference."""
     rows = list(dict.fromkeys(r for run in runs for r in row_order(run.data)))
     if not any(ref == rec["encoding"] for run in runs for rec in run.data["records"]):
         raise ReportError(f"--compare {ref!r}: no such row in the results; rows: {', '.join(rows)}")
     columns = [Column(run.label, L, T) for run in runs
                for L, T in sorted({(r["eval_len"], r["train_len"]) for r in run.data["records"]})]
-    table = Table("compare", COMPARE_TITLE.format(ref=ref), rows, columns, digits=digits)
+    value = "accuracy" if all(is_task(run) for run in runs) else "ppl"
+    table = Table("compare", COMPARE_TITLES[value].format(ref=ref), rows, columns, digits=digits)
     for row in rows:
         for j, col in enumerate(columns):
             iv = intervals.get(col.run)
-            c = iv.compare("ppl", row, ref, col.eval_len) if iv is not None else None
+            c = iv.compare(value, row, ref, col.eval_len) if iv is not None else None
             if c is None:
                 table.cells[row, j] = Cell()
                 continue

@@ -27,7 +27,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                          "seeds widened by the text's bootstrap, or with one seed the text's alone (this checkpoint)")
     rp.add_argument("--compare", metavar="ROW",
                     help="add every row's ppl relative to ROW (e.g. rope) at the same length, with its paired "
-                         "interval; * where the interval excludes 1 by at least 0.1%%")
+                         "interval; * where the interval excludes 1 by at least 0.1%%; on a task run, exact match "
+                         "minus ROW's, * where the interval excludes 0 by at least 1 point")
     rp.add_argument("--findings", action="store_true",
                     help="instead of tables, list every claim the intervals support (row A vs row B at a length, "
                          "and each row against its own 1x), with its ratio, interval and level (method, or this "

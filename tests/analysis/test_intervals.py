@@ -209,3 +209,21 @@ def test_a_task_runs_accuracy_is_the_share_of_instances_and_rows_compare_by_diff
     assert one.level == CHECKPOINT and one.interval.lo > 0.05  # 12 of 60 instances, every one the same way
     same = Intervals(recs).compare("accuracy", "rope", "rope", 100)
     assert same.interval.value == 0 and not same.significant
+
+
+def test_a_share_and_a_difference_of_shares_keep_their_intervals_within_their_range():
+    """Three seeds that disagree (one learned the task, two did not) give a t-interval wider than the share can
+    be: exact match is kept within [0, 1], a difference of two rows' within [-1, 1], the mean untouched, and
+    what the interval says about 0 unchanged."""
+    from tests.analysis.fake_results import arec
+
+    ones, zeros = [1] * 40, [0] * 40
+    recs = [arec("rope", s, 100, c) for s, c in ((0, ones), (1, ones), (2, ones[:36] + zeros[:4]))]
+    recs += [arec("alibi", s, 100, c) for s, c in ((0, zeros), (1, zeros), (2, ones))]
+    iv = Intervals(recs)
+    rope, alibi = iv.interval("accuracy", "rope", 100), iv.interval("accuracy", "alibi", 100)
+    assert rope.value == pytest.approx(116 / 120) and rope.hi == 1.0 and 0.8 < rope.lo < rope.value
+    assert alibi.value == pytest.approx(1 / 3) and (alibi.lo, alibi.hi) == (0.0, 1.0)
+    d = iv.compare("accuracy", "rope", "alibi", 100)
+    assert d.interval.value == pytest.approx(116 / 120 - 1 / 3) and d.interval.hi == 1.0 and d.interval.lo < 0
+    assert not d.significant  # the seeds disagree: no finding, as before the bounds

@@ -179,6 +179,20 @@ def test_few_test_instances_are_named_as_instances(tmp_path, capsys):
     assert "Training (train loss, nats), each the mean over the row's seeds:" in out and "context use" not in out
 
 
+def test_compare_on_a_task_run_is_the_paired_difference_of_exact_match(tmp_path, capsys):
+    from tests.analysis.fake_results import arec, task_results
+
+    rope, alibi = [1] * 30 + [0] * 10, [1] * 40  # alibi gets the 10 that rope misses, at every seed
+    folder = write(tmp_path / "run", task_results([arec(e, s, L, c) for e, c in (("rope", rope), ("alibi", alibi))
+                                                   for s in (0, 1) for L in (100, 200)]))
+    assert main(["report", str(folder), "--value", "accuracy", "--compare", "rope"]) == 0
+    out = capsys.readouterr().out
+    assert "Exact match minus rope's at the same size (paired by instance and seed)" in out
+    assert "Perplexity relative" not in out
+    alibi_line = next(line for line in out.splitlines() if line.startswith("| alibi") and "0.250" in line)
+    assert alibi_line.count("0.250") == 2 and alibi_line.count("*") == 2  # 10 of 40 instances at both sizes
+
+
 def test_plateau_flag_and_few_windows_and_csv_columns(tmp_path, capsys):
     folder = write(tmp_path / "run", unit_results(n=20))
     assert main(["report", str(folder)]) == 0
