@@ -146,9 +146,15 @@ def short_caption(run: dict, records: Optional[list[dict]] = None) -> str:
     m, t = cfg["model"], cfg["train"]
     commits = list(dict.fromkeys(_short_commit(r.get("git_commit") or run["git_commit"]) for r in records or []))
     commit = ("commits " + ", ".join(commits)) if len(commits) > 1 else f"commit {_short_commit(run['git_commit'])}"
+    if str(run["corpus"].get("source", "")).startswith("task:"):
+        per_size = "/".join(map(str, sorted(set((run.get("eval_instances") or {}).values()))))
+        scored = (f"task {run['corpus']['task']} ({run['corpus']['fingerprint']}), train sizes "
+                  f"{cfg['task']['min_size']}-{cfg['task']['train_size']}, {per_size} test instances per size")
+    else:
+        scored = (f"corpus {run['corpus']['source']} ({run['corpus']['fingerprint']}), {run['eval_tokens']:,} tokens "
+                  f"per length{_protocol(cfg)}")
     return (
         f"{_params(run, records, 2)} params ({m['n_layers']}L, d{m['d_model']}, {m['n_heads']}H), "
         f"train len {t['train_len']}, {t['steps']} steps x {t['batch_size']}; seeds "
-        f"{','.join(map(str, cfg['seeds']))}\ncorpus {run['corpus']['source']} ({run['corpus']['fingerprint']}), "
-        f"{run['eval_tokens']:,} tokens per length{_protocol(cfg)}; {run['device']}; {commit}"
+        f"{','.join(map(str, cfg['seeds']))}\n{scored}; {run['device']}; {commit}"
     )

@@ -147,10 +147,10 @@ def _panel_axes(n: int, height: float = 4.2):
     return fig, list(axes.flat[:n])
 
 
-def _mark_train_lengths(ax, lengths) -> None:
+def _mark_train_lengths(ax, lengths, word: str = "train length") -> None:
     for T in sorted(lengths):
         ax.axvline(T, color="0.5", linestyle=":", linewidth=1)
-        ax.annotate(f"train length {T}", (T, 0), xycoords=("data", "axes fraction"), xytext=(3, 4),
+        ax.annotate(f"{word} {T}", (T, 0), xycoords=("data", "axes fraction"), xytext=(3, 4),
                     textcoords="offset points", fontsize=8, color="0.4")
 
 
@@ -214,7 +214,8 @@ def plot_ppl_vs_length(runs: Sequence[Run], out: Path, formats: Sequence[str] = 
                 if len(runs) > 1:
                     look["linestyle"] = ["-", "--", ":", "-."][i % 4]
                 _line_with_band(ax, xs, ys, below, above, label, look)
-        _mark_train_lengths(ax, {r["train_len"] for run in runs for r in run.data["records"]})
+        _mark_train_lengths(ax, {r["train_len"] for run in runs for r in run.data["records"]},
+                            "train size" if value == "accuracy" else "train length")
         ax.set_xscale("log", base=2)
         ax.set_xticks(lengths, [str(L) for L in lengths])
         ax.minorticks_off()

@@ -53,3 +53,13 @@ def test_the_kind_of_results_in_words():
     assert kind_text(run_meta(["rope"])) == "a training run (posenc-bench run)"
     assert kind_text(hf_run()) == "an eval of the Hugging Face model SmolLM2-135M-Instruct.Q4_1 (posenc-bench eval)"
     assert kind_text(checkpoint) == "an eval of the checkpoint results/default/checkpoints/rope-s0 (posenc-bench eval)"
+
+
+def test_a_task_runs_figure_caption_names_the_task_sizes_and_instances_not_tokens():
+    from tests.analysis.fake_results import arec, task_results
+
+    data = task_results([arec("rope", 0, 100, [1, 0])])
+    data["run"]["eval_instances"] = {"100": 40, "200": 40}
+    text = short_caption(data["run"], data["records"])
+    assert "\ntask copy (t), train sizes 1-100, 40 test instances per size; " in text
+    assert "tokens per length" not in text
