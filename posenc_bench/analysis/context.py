@@ -129,17 +129,19 @@ def training_table(records: list[dict], row_order: list[str] | None = None) -> p
             continue
         row = {"encoding": enc}
         curves = [dict(c[:2] for c in r["train_curve"]) for r in recs if r.get("train_curve")]
+        full = max(curves, key=max, default=None)  # the longest curve: a diverged seed's stops early
         for frac in (0.25, 0.5, 1.0):
-            if curves:
-                last = max(curves[0])
-                step = min(curves[0], key=lambda s: abs(s - frac * last))
+            if full:
+                last = max(full)
+                step = min(full, key=lambda s: abs(s - frac * last))
                 row[f"train loss @ step {step}"] = f"{mean([c[step] for c in curves if step in c]):.3f}"
         if (use := context_use(records, enc)) is not None:
             early, late = context_positions(records, enc)
             row[f"1x loss, positions {early}"] = f"{use[0]:.3f}"
             row[f"1x loss, positions {late}"] = f"{use[1]:.3f}"
         else:
-            row["status"] = recs[0]["status"]
+            bad = [f"{r['status']} (seed {r['seed']})" for r in recs if r["status"] != "ok"]
+            row["status"] = "; ".join(bad) if bad else "ok"  # each seed that did not train, by name
         rows.append(row)
     return pd.DataFrame(rows).set_index("encoding") if rows else pd.DataFrame()
 

@@ -52,7 +52,21 @@ def test_plateau_rows_and_their_note():
     assert plateau_rows(recs) == ["nope"]
     assert plateau_note(recs, "rope") is None and plateau_note(recs, "alibi") is None
     assert plateau_note(recs, "nope").startswith("uses only local context: at 1x its loss over positions 50-99")
-    assert training_table([rec("bad", 0, 100, None, "diverged")]).loc["bad", "status"] == "diverged"
+    assert training_table([rec("bad", 0, 100, None, "diverged")]).loc["bad", "status"] == "diverged (seed 0)"
+
+
+def test_a_seed_that_diverged_early_neither_sets_the_steps_shown_nor_hides_behind_the_others_status():
+    """The steps shown are the longest curve's (the first seed's may have stopped early); the status names each
+    seed that did not train."""
+    first = rec("fire", 0, 100, None, "diverged")
+    first["train_curve"] = [[10, 3.0], [20, 9.0]]
+    recs = [first] + [rec("fire", s, 100, 4.0) for s in (1, 2)]
+    for r in recs[1:]:
+        r["train_curve"] = [[10, 3.0], [20, 2.0], [30, 1.5], [40, 1.0]]
+    t = training_table(recs)
+    assert list(t.columns) == ["train loss @ step 10", "train loss @ step 20", "train loss @ step 40", "status"]
+    assert t.loc["fire", "train loss @ step 40"] == "1.000" and t.loc["fire", "train loss @ step 20"] == "4.333"
+    assert t.loc["fire", "status"] == "diverged (seed 0)"
 
 
 def test_cost_table_shows_time_and_peak_memory_only_where_measured():
