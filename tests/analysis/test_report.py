@@ -121,7 +121,10 @@ def test_report_and_plot_bad_input_is_one_line_exit_2(tmp_path, capsys, monkeypa
     assert message in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("name", ["default", "full", "sotu-512", "sotu-512-full", "smollm2"])
+TASKS = ["tasks/copy", "tasks/reverse", "tasks/needle", "tasks/addition", "tasks/addition-hints", "tasks/copy-full"]
+
+
+@pytest.mark.parametrize("name", ["default", "full", "sotu-512", "sotu-512-full", "smollm2", *TASKS])
 def test_committed_table_md_is_what_report_builds(name):
     folder = ROOT / "results" / name
     assert (folder / "table.md").read_text() == report.render(load_runs([folder]))
@@ -139,6 +142,8 @@ SMOLLM2_COMPARE = "hf:SmolLM2-135M-Instruct.Q4_1+yarn"  # its README's table has
     ("results/sotu-512/README.md", "sotu-512", "ppl,ratio"),
     ("results/sotu-512-full/README.md", "sotu-512-full", "ppl,ratio"),
     ("results/smollm2/README.md", "smollm2", "ppl,ratio,cost"),
+    *[("results/tasks/README.md", task, "accuracy,depths" if task == "tasks/needle" else "accuracy")
+      for task in TASKS],
 ])
 def test_readme_and_docs_tables_are_what_report_builds_from_the_committed_results(page, folder, values):
     key = f"results/{folder}"
@@ -150,14 +155,15 @@ def test_readme_and_docs_tables_are_what_report_builds_from_the_committed_result
         f"the table in {page} is stale: run `posenc-bench report {key}{value_flag} --update {page}`")
 
 
-FINDINGS_PAGES = [f"results/{name}/README.md" for name in ("default", "full", "smollm2", "sotu-512", "sotu-512-full")]
+FINDINGS_PAGES = [(f"results/{name}/README.md", f"results/{name}")
+                  for name in ("default", "full", "smollm2", "sotu-512", "sotu-512-full")]
+FINDINGS_PAGES += [("results/tasks/README.md", f"results/{task}") for task in TASKS]
 
 
-@pytest.mark.parametrize("page", FINDINGS_PAGES)
-def test_committed_readmes_findings_blocks_are_what_report_finds(page):
-    """Each results README holds its folder's findings as a generated block, so its prose can be checked against
-    it and a re-render shows any change."""
-    key = str(Path(page).parent)
+@pytest.mark.parametrize("page,key", FINDINGS_PAGES)
+def test_committed_readmes_findings_blocks_are_what_report_finds(page, key):
+    """Each results README holds its folder's findings as a generated block (the task track's README one per
+    task), so its prose can be checked against it and a re-render shows any change."""
     block = report.read_block((ROOT / page).read_text(), key, "findings")
     assert block is not None, f"{page} lost its <!-- posenc-bench findings: {key} --> block"
     assert block == report.render_findings(load_runs([ROOT / key])), (
