@@ -64,6 +64,17 @@ class Interval:
         return self.lo > x or self.hi < x
 
 
+SHARE, SHARE_DIFFERENCE = (0.0, 1.0), (-1.0, 1.0)  # the range of a share (exact match), and of a difference of two
+
+
+def within(interval: Interval, bounds: Optional[tuple[float, float]]) -> Interval:
+    """``interval`` kept within ``bounds`` (None: as it is). A t-interval over a few seeds that disagree can reach
+    past a share's range; the mean cannot, so the interval is cut there, and what it says about 0 is unchanged."""
+    if bounds is None:
+        return interval
+    return Interval(interval.value, max(bounds[0], interval.lo), min(bounds[1], interval.hi))
+
+
 @dataclass(frozen=True)
 class Comparison:
     """``row`` / ``ref`` of one value at one length, paired by seed and text. ``level`` is METHOD (seed level:
@@ -215,17 +226,8 @@ class Intervals:
         stat = stat[np.isfinite(stat[:, 0])]
         return stat if len(stat) else None
 
-    def _interval(self, x: np.ndarray, bounds: Optional[tuple[float, float]] = None) -> tuple[Interval, str]:
-        """The interval of the mean over seeds of ``x`` (k, 1 + draws), and its level (module docstring), kept
-        within ``bounds`` where the quantity has them (a share lies in [0, 1], a difference of shares in
-        [-1, 1]; a t-interval over few seeds can reach past them, and the mean cannot)."""
-        interval, level = self._unbounded_interval(x)
-        if bounds is not None:
-            lo, hi = bounds
-            interval = Interval(interval.value, max(lo, interval.lo), min(hi, interval.hi))
-        return interval, level
-
-    def _unbounded_interval(self, x: np.ndarray) -> tuple[Interval, str]:
+    def _interval(self, x: np.ndarray) -> tuple[Interval, str]:
+        """The interval of the mean over seeds of ``x`` (k, 1 + draws), and its level (module docstring)."""
         k, value = len(x), float(x[:, 0].mean())
         text = x[:, 1:].mean(0)  # (draws,): the mean over seeds in each draw of the text
         if k < MIN_SEEDS:
@@ -244,7 +246,7 @@ class Intervals:
         """``value`` (ppl | bpb | ratio to 1x) of ``row`` at ``length`` (its mean over seeds) with its interval;
         None without numbers."""
         x = self._values(value, (row,), length)
-        return None if x is None else self._interval(x, (0.0, 1.0) if value in DIFFERENCES else None)[0]
+        return None if x is None else within(self._interval(x)[0], SHARE if value in DIFFERENCES else None)
 
     def level(self, row: str, length: int) -> Optional[str]:
         """The level of ``row``'s own interval at ``length``: METHOD with MIN_SEEDS seeds, else CHECKPOINT."""
@@ -266,9 +268,9 @@ class Intervals:
             a, b = self._values(value, (row,), length), self._values(value, (ref,), length)
             shuffled = np.random.default_rng(SEED + 1).permutation(b[:, 1:].T).T  # (k, draws): other text draws
             x = a[: len(b)] / np.concatenate([b[:, :1], shuffled], axis=1)
-        interval, level = self._interval(x, (-1.0, 1.0) if value in DIFFERENCES else None)
+        interval, level = self._interval(x)
         if value in DIFFERENCES:
-            return Comparison(interval, level, len(x), null=0.0, min_effect=MIN_POINTS)
+            return Comparison(within(interval, SHARE_DIFFERENCE), level, len(x), null=0.0, min_effect=MIN_POINTS)
         return Comparison(interval, level, len(x))
 
     def seeds_measured(self, row: str, length: int) -> int:
