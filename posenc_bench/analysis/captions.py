@@ -80,7 +80,7 @@ def caption(run: dict, records: Optional[list[dict]] = None) -> str:
     cfg = run["config"]
     m, t = cfg["model"], cfg["train"]
     seeds = cfg["seeds"]
-    if str(run["corpus"].get("source", "")).startswith("task:"):
+    if _is_task(run):
         return task_caption(run, records)
     return (
         f"{_tokens(run)} LM, {_params(run, records)} parameters ({m['n_layers']} layers, width {m['d_model']}, "
@@ -92,18 +92,26 @@ def caption(run: dict, records: Optional[list[dict]] = None) -> str:
     )
 
 
+def _is_task(run: dict) -> bool:
+    return str(run["corpus"].get("source", "")).startswith("task:")
+
+
+def _instances_per_size(run: dict) -> str:
+    """The test instances a size (the needle's can differ by size: a whole number at each depth), as "256"."""
+    return "/".join(map(str, sorted(set((run.get("eval_instances") or {}).values()))))
+
+
 def task_caption(run: dict, records: Optional[list[dict]] = None) -> str:
     """Caption of a task run (``bench/tasks``)."""
     cfg, c = run["config"], run["corpus"]
     m, t, task = cfg["model"], cfg["train"], cfg["task"]
     options = ", ".join(f"{k} {v}" for k, v in (c.get("options") or {}).items())
-    per_size = sorted(set((run.get("eval_instances") or {}).values()))
     return (
         f"Task {c['task']}{' (' + options + ')' if options else ''}, after {c.get('paper', '?')}; byte-level LM, "
         f"{_params(run, records)} parameters ({m['n_layers']} layers, width {m['d_model']}, {m['n_heads']} heads), "
         f"trained {t['steps']} steps x {t['batch_size']} instances of sizes {task['min_size']}-{task['train_size']} "
         f"(up to {t['train_len']} tokens; lr {t['lr']:g}; task {c['fingerprint']}); "
-        f"{'/'.join(map(str, per_size))} test instances at each size (eval {run['eval_fingerprint']}); seeds "
+        f"{_instances_per_size(run)} test instances at each size (eval {run['eval_fingerprint']}); seeds "
         f"{','.join(map(str, cfg['seeds']))}; device {run['device']}; torch {run['versions']['torch']}; "
         f"{_commits(run, records)}."
     )
@@ -146,10 +154,10 @@ def short_caption(run: dict, records: Optional[list[dict]] = None) -> str:
     m, t = cfg["model"], cfg["train"]
     commits = list(dict.fromkeys(_short_commit(r.get("git_commit") or run["git_commit"]) for r in records or []))
     commit = ("commits " + ", ".join(commits)) if len(commits) > 1 else f"commit {_short_commit(run['git_commit'])}"
-    if str(run["corpus"].get("source", "")).startswith("task:"):
-        per_size = "/".join(map(str, sorted(set((run.get("eval_instances") or {}).values()))))
+    if _is_task(run):
         scored = (f"task {run['corpus']['task']} ({run['corpus']['fingerprint']}), train sizes "
-                  f"{cfg['task']['min_size']}-{cfg['task']['train_size']}, {per_size} test instances per size")
+                  f"{cfg['task']['min_size']}-{cfg['task']['train_size']}, {_instances_per_size(run)} test instances "
+                  "per size")
     else:
         scored = (f"corpus {run['corpus']['source']} ({run['corpus']['fingerprint']}), {run['eval_tokens']:,} tokens "
                   f"per length{_protocol(cfg)}")
