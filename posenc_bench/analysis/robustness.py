@@ -11,7 +11,8 @@ tokenizer's). From those files alone (``posenc-bench report SETTING... --robustn
 - **the claims**: every finding of the claims run (``analysis/findings.py``, by default the first setting) at its
   longest length, between rows all settings hold, checked in each setting: *holds* (the setting's interval
   supports it too), *reversed* (it supports the opposite), or not shown there, said with the direction of its
-  point estimate (*same way* or *other way*).
+  point estimate (*same way* or *other way*). A setting with one seed of a row has only a checkpoint-level
+  interval (the text's): its cells say "this checkpoint", and the claim does not count as holding there.
 
 Ratios to 1x compare across tokenizers as "how much worse at 4x its train length"; absolute ppl does not (a
 token is a byte in one setting and about four in another): compare bits per byte for that.
@@ -25,7 +26,7 @@ from itertools import combinations
 from typing import Optional, Sequence
 
 from posenc_bench.analysis.findings import Finding, run_findings
-from posenc_bench.analysis.intervals import CI, MIN_EFFECT, Interval, Intervals
+from posenc_bench.analysis.intervals import CHECKPOINT, CI, MIN_EFFECT, Interval, Intervals
 from posenc_bench.analysis.tables import Run, row_order, train_len
 
 HOLDS, REVERSED, SAME_WAY, OTHER_WAY, MISSING = "holds", "reversed", "same way, not shown", "other way, not shown", "n/a"
@@ -78,25 +79,40 @@ def kendall_tau(a: dict[str, float], b: dict[str, float]) -> tuple[float, int, l
     return ((concordant - discordant) / denom if denom else float("nan")), len(rows), flips
 
 
-def _check(setting: Setting, f: Finding, kind: str) -> tuple[str, Optional[Interval]]:
+@dataclass(frozen=True)
+class Check:
+    """How one claim fares in one setting: its status, the setting's interval, and that interval's level."""
+
+    status: str
+    got: Optional[Interval] = None
+    level: Optional[str] = None  # METHOD, or CHECKPOINT: one seed there, about that checkpoint only
+
+    def cell(self) -> str:
+        if self.got is None:
+            return self.status
+        one_seed = " (this checkpoint)" if self.level == CHECKPOINT else ""
+        return f"{self.status}{one_seed} {self.got.value:.3f} [{self.got.lo:.3f}, {self.got.hi:.3f}]"
+
+
+def _check(setting: Setting, f: Finding, kind: str) -> Check:
     """How claim ``f`` (of ``kind``: between | from_1x | extrapolation) fares in ``setting`` at the same multiple
     of its train length."""
     length = round(f.length / f.train_len * setting.T)
     iv = setting.iv
     if kind == "from_1x":
-        got = iv.interval("ratio", f.better, length)
+        got, level = iv.interval("ratio", f.better, length), iv.level(f.better, length)
         if got is None:
-            return MISSING, None
+            return Check(MISSING)
         want_up = f.comparison.interval.value > 1
         up, shown = got.value > 1, got.excludes(1.0) and abs(got.value - 1) >= MIN_EFFECT
     else:
         c = iv.compare("ppl" if kind == "between" else "ratio", f.better, f.worse, length)
         if c is None:
-            return MISSING, None
-        got, want_up, up, shown = c.interval, False, c.interval.value > 1, c.significant
+            return Check(MISSING)
+        got, level, want_up, up, shown = c.interval, c.level, False, c.interval.value > 1, c.significant
     if shown:
-        return (HOLDS if up == want_up else REVERSED), got
-    return (SAME_WAY if up == want_up else OTHER_WAY), got
+        return Check(HOLDS if up == want_up else REVERSED, got, level)
+    return Check(SAME_WAY if up == want_up else OTHER_WAY, got, level)
 
 
 def _claim_text(f: Finding, kind: str) -> str:
@@ -104,10 +120,6 @@ def _claim_text(f: Finding, kind: str) -> str:
     what = {"between": f"{f.better} < {f.worse} (ppl)", "from_1x": f"{f.better} vs its 1x",
             "extrapolation": f"{f.better} < {f.worse} (ratio to 1x)"}[kind]
     return f"{what}: {i.value:.3f} [{i.lo:.3f}, {i.hi:.3f}]"
-
-
-def _cell(status: str, got: Optional[Interval]) -> str:
-    return status if got is None else f"{status} {got.value:.3f} [{got.lo:.3f}, {got.hi:.3f}]"
 
 
 def markdown(settings_runs: Sequence[Run], claims_run: Optional[Run] = None, *, ci: float = CI) -> str:
@@ -121,8 +133,9 @@ def markdown(settings_runs: Sequence[Run], claims_run: Optional[Run] = None, *, 
         cells = []
         for s in settings:
             got = s.iv.interval("ratio", row, s.longest)
+            one_seed = " (this checkpoint)" if s.iv.level(row, s.longest) == CHECKPOINT else ""
             cells.append("n/a" if got is None or not math.isfinite(got.value)
-                         else f"{got.value:.2f} [{got.lo:.2f}, {got.hi:.2f}]")
+                         else f"{got.value:.2f} [{got.lo:.2f}, {got.hi:.2f}]{one_seed}")
         out.append(f"| {row} | " + " | ".join(cells) + " |")
     means = {s.label: s.ppl_means(rows) for s in settings}
     out += ["", "Rankings by mean ppl at the longest length (best first):\n"]
@@ -145,7 +158,8 @@ def _claims_block(claims: Setting, settings: list[Setting], rows: list[str]) -> 
     items.sort(key=lambda fk: (-fk[0].effect, _claim_text(*fk)))
     head = (f"Claims of {claims.label} at its longest length ({claims.longest // claims.T}x) between rows every "
             f"setting holds, checked in each setting at the same multiple: *{HOLDS}* (its interval supports it), "
-            f"*{REVERSED}*, or not shown there and which way its estimate points.\n")
+            f"*{REVERSED}*, or not shown there and which way its estimate points. A setting with one seed of a row "
+            "speaks for that checkpoint only, so a claim holds in every setting only at the seed level in each.\n")
     if not items:
         return head + "\n(no claim at that length)\n"
     table = ["| claim | " + " | ".join(s.label for s in settings) + " | in every setting |",
@@ -153,10 +167,10 @@ def _claims_block(claims: Setting, settings: list[Setting], rows: list[str]) -> 
     every = reversed_ = 0
     for f, kind in items:
         checked = [_check(s, f, kind) for s in settings]
-        holds = all(status == HOLDS for status, _ in checked)
+        holds = all(c.status == HOLDS and c.level != CHECKPOINT for c in checked)
         every += holds
-        reversed_ += any(status == REVERSED for status, _ in checked)
-        table.append(f"| {_claim_text(f, kind)} | " + " | ".join(_cell(*c) for c in checked)
+        reversed_ += any(c.status == REVERSED for c in checked)
+        table.append(f"| {_claim_text(f, kind)} | " + " | ".join(c.cell() for c in checked)
                      + f" | {'yes' if holds else 'no'} |")
     return (head + f"\n{every} of {len(items)} claims hold in every setting; {reversed_} are reversed in at least "
             "one.\n\n" + "\n".join(table) + "\n")

@@ -51,10 +51,10 @@ def test_each_claim_holds_reverses_or_is_not_shown_in_each_setting(tmp_path):
     settings = [robustness.Setting.of(r, 0.95) for r in runs]
     found = run_findings(runs[0], settings[0].iv)
     claim = next(f for f in found.extrapolation if (f.better, f.worse, f.length) == ("a", "c", 400))
-    assert robustness._check(settings[1], claim, "extrapolation")[0] == robustness.HOLDS
-    assert robustness._check(settings[2], claim, "extrapolation")[0] == robustness.REVERSED
-    status, got = robustness._check(settings[3], claim, "extrapolation")
-    assert status == robustness.SAME_WAY and got.lo < 1 < got.hi  # two seeds that disagree: not shown, a < c on average
+    assert robustness._check(settings[1], claim, "extrapolation").status == robustness.HOLDS
+    assert robustness._check(settings[2], claim, "extrapolation").status == robustness.REVERSED
+    check = robustness._check(settings[3], claim, "extrapolation")
+    assert check.status == robustness.SAME_WAY and check.got.lo < 1 < check.got.hi  # two seeds that disagree: not shown
     text = robustness.markdown(runs)
     assert "| a | 1.16 [" in text and "| c | 2.4" in text  # ppl ratios: exp(0.1 x loss 1.5), exp(0.6 x 1.5)
     assert "- head vs same: tau 1.00 over 3 rows; flips: none" in text
@@ -92,3 +92,20 @@ def test_plot_robustness_draws_one_marker_per_row_and_setting(tmp_path, capsys):
     assert "head (4x)" in svg and "other (4x)" in svg and capsys.readouterr().out.startswith("wrote ")
     assert main(["plot", str(head), "--robustness", "--out", str(tmp_path / "fig2")]) == 2
     assert "two or more settings" in capsys.readouterr().err
+
+
+def test_a_setting_with_one_seed_speaks_for_its_checkpoint_and_no_claim_holds_everywhere_on_it(tmp_path):
+    head = setting(tmp_path / "head", {"a": 1.10, "b": 1.30, "c": 1.60})
+    one = setting(tmp_path / "one", {"a": 1.12, "b": 1.28, "c": 1.70}, seeds=(0,))
+    runs = load_runs([head, one])
+    settings = [robustness.Setting.of(r, 0.95) for r in runs]
+    claim = next(f for f in run_findings(runs[0], settings[0].iv).extrapolation
+                 if (f.better, f.worse, f.length) == ("a", "c", 400))
+    check = robustness._check(settings[1], claim, "extrapolation")
+    assert check.status == robustness.HOLDS and check.cell().startswith("holds (this checkpoint) 0.")
+    text = robustness.markdown(runs)
+    line = next(ln for ln in text.splitlines() if ln.startswith("| a < c (ratio to 1x)"))
+    assert "| holds 0." in line and "| holds (this checkpoint) 0." in line and line.endswith("| no |")
+    assert "0 of " in text and "claims hold in every setting" in text
+    row_a = next(ln for ln in text.splitlines() if ln.startswith("| a | "))
+    assert row_a.count("(this checkpoint)") == 1  # the one-seed setting's ratio, not the three-seed one's
