@@ -86,7 +86,7 @@ def caption(run: dict, records: Optional[list[dict]] = None) -> str:
         f"{_tokens(run)} LM, {_params(run, records)} parameters ({m['n_layers']} layers, width {m['d_model']}, "
         f"{m['n_heads']} heads), trained {t['steps']} steps x {t['batch_size']} x {t['train_len']} tokens "
         f"(lr {t['lr']:g}); corpus {run['corpus']['source']} ({run['corpus']['fingerprint']}), "
-        f"{run['eval_tokens']:,} {cfg['eval']['split']} tokens scored at every length "
+        f"{run['eval_tokens']:,} {_scored(run)} scored at every length "
         f"(eval {run['eval_fingerprint']}){_protocol(cfg)}; seeds {','.join(map(str, seeds))}; device {run['device']}; "
         f"torch {run['versions']['torch']}; {_commits(run, records)}."
     )
@@ -117,12 +117,21 @@ def task_caption(run: dict, records: Optional[list[dict]] = None) -> str:
     )
 
 
+def _scored(run: dict, plural: bool = True) -> str:
+    """What a run's tokens were scored on: "test tokens" unless its config names another split ("valid tokens"),
+    or a pretrained model's every document (``--split all``)."""
+    split = ((run.get("config") or {}).get("eval") or {}).get("split") or "test"
+    if split == "all":
+        return "tokens of every document" if plural else "token"
+    return f"{split} token{'s' if plural else ''}"
+
+
 def _tokens(run: dict) -> str:
-    """"Byte-level", or the BPE a run was tokenized with, its fingerprint and its bytes per test token."""
+    """"Byte-level", or the BPE a run was tokenized with, its fingerprint and its bytes per scored token."""
     tok = run.get("tokenizer")
     if not isinstance(tok, dict):
         return "Byte-level"
-    per = f", {run['eval_bytes'] / run['eval_tokens']:.2f} bytes a test token" if run.get("eval_bytes") else ""
+    per = f", {run['eval_bytes'] / run['eval_tokens']:.2f} bytes a {_scored(run, plural=False)}" if run.get("eval_bytes") else ""
     return f"Byte-level BPE ({tok['name']}, {tok['fingerprint']}{per})"
 
 
@@ -135,7 +144,7 @@ def hf_caption(run: dict) -> str:
         f"Pretrained {m['class']} {what} (revision {revision}), {m['params']:,} parameters, {m['dtype']}; "
         f"train length {run['train_len']} ({run['train_len_source']}); tokenizer {m['tokenizer']['class']} "
         f"(vocab {m['tokenizer']['vocab_size']:,}, document separator {run['doc_separator']}); "
-        f"corpus {run['corpus']['source']} ({run['corpus']['fingerprint']}), {run['eval_tokens']:,} test tokens "
+        f"corpus {run['corpus']['source']} ({run['corpus']['fingerprint']}), {run['eval_tokens']:,} {_scored(run)} "
         f"({run['eval_bytes']:,} bytes) scored at every length (eval {run['eval_fingerprint']}); device {run['device']}; "
         f"torch {run['versions']['torch']}, transformers {run['versions']['transformers']}; "
         f"commit {_short_commit(run['git_commit'])}."

