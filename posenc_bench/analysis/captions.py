@@ -117,10 +117,15 @@ def task_caption(run: dict, records: Optional[list[dict]] = None) -> str:
     )
 
 
+def scored_split(run: dict) -> str:
+    """The split a run scored: "test" unless its config names another ("valid"; "all" for a pretrained model's
+    every document, ``--split all``)."""
+    return ((run.get("config") or {}).get("eval") or {}).get("split") or "test"
+
+
 def _scored(run: dict, plural: bool = True) -> str:
-    """What a run's tokens were scored on: "test tokens" unless its config names another split ("valid tokens"),
-    or a pretrained model's every document (``--split all``)."""
-    split = ((run.get("config") or {}).get("eval") or {}).get("split") or "test"
+    """What a run's tokens were scored on, for a caption: "test tokens", "valid tokens", "tokens of every document"."""
+    split = scored_split(run)
     if split == "all":
         return "tokens of every document" if plural else "token"
     return f"{split} token{'s' if plural else ''}"

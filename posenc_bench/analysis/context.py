@@ -27,12 +27,12 @@ CONTEXT_TITLES = {
 TRAINING_ONLY_TITLE = "Training (train loss, nats), each the mean over the row's seeds"
 
 
-def context_title(value: str, frame: pd.DataFrame) -> str:
+def context_title(value: str, frame: pd.DataFrame, split: str = "test") -> str:
     """The title of a context table: a training table without context-use columns (a task's: its records have
-    no loss by position) says only what it shows."""
+    no loss by position) says only what it shows; one scored on another split than test names it."""
     if value == "training" and not any(str(c).startswith("1x loss") for c in frame.columns):
         return TRAINING_ONLY_TITLE
-    return CONTEXT_TITLES[value]
+    return CONTEXT_TITLES[value].replace("(test loss", f"({'eval' if split == 'all' else split} loss")
 
 
 # A model that uses its context predicts later positions of a window better than the first ones. At 1x, the

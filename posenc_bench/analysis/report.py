@@ -21,7 +21,7 @@ from typing import Iterable, Optional, Sequence
 import pandas as pd
 from tabulate import tabulate
 
-from posenc_bench.analysis.captions import caption
+from posenc_bench.analysis.captions import caption, scored_split
 from posenc_bench.analysis.context import CONTEXT_TABLES, context_title
 from posenc_bench.analysis import findings, robustness
 from posenc_bench.analysis.intervals import CI, DIFFERENCES, MIN_EFFECT, MIN_POINTS, VALUES as TABLE_VALUES, Intervals
@@ -170,7 +170,7 @@ def render(runs: Sequence[Run], *, fmt: str = "md", values: Sequence[str] = DEFA
             for run in runs:
                 frame = _context_frame(run, fmt, v)
                 if not frame.empty:
-                    title = context_title(v, frame) + (f", {run.label}" if run.label else "")
+                    title = context_title(v, frame, scored_split(run.data["run"])) + (f", {run.label}" if run.label else "")
                     blocks.append((title, _tabulate(frame, fmt), []))
             continue
         table = next(it)

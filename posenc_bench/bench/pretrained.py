@@ -285,6 +285,7 @@ def _checkpoint_config(ckpt: checkpoint.Checkpoint, opts: EvalOptions) -> RunCon
     if opts.data is not None:
         cfg.data.source = opts.data
     cfg.eval.split = opts.split  # valid: what choices made by looking at numbers are made on
+    cfg.seeds = [ckpt.meta["seed"]]  # the one model evaluated (its run's config lists every seed of the run)
     cfg.device = opts.device
     validate(cfg)
     return cfg

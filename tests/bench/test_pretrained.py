@@ -117,7 +117,7 @@ def test_own_checkpoint_gives_the_numbers_run_wrote(tmp_path):
 
 def test_own_checkpoint_on_the_valid_split_scores_other_text_under_its_own_key(tmp_path, capsys):
     run_out = tmp_path / "run"
-    micro = ["--config", "configs/ci.yaml", "--seeds", "1", "--train-len", "32", "--steps", "8", "--eval-tokens", "1024",
+    micro = ["--config", "configs/ci.yaml", "--seeds", "0,1", "--train-len", "32", "--steps", "8", "--eval-tokens", "1024",
              "--progress", "off", "--encodings", "rope", "--eval-lens", "1x"]
     assert main(["run", *micro, "--out", str(run_out)]) == 0
     test = json.loads((run_out / "results.json").read_text())["records"][0]
@@ -131,7 +131,9 @@ def test_own_checkpoint_on_the_valid_split_scores_other_text_under_its_own_key(t
     assert valid["cell_key"] == test["cell_key"]  # the same model ...
     assert valid["eval_key"] != test["eval_key"] and valid["ppl"] != test["ppl"]  # ... on other text, keyed apart
     assert set(data["run"]["eval_documents"]).isdisjoint(json.loads((run_out / "results.json").read_text())["run"]["eval_documents"])
-    assert "valid tokens scored at every length" in (out / "table.md").read_text()
+    table = (out / "table.md").read_text()
+    assert "valid tokens scored at every length" in table and "(valid loss early vs late" in table
+    assert data["run"]["config"]["seeds"] == [0] and "; seeds 0;" in table
     assert main(["eval", "--model", ckpt, "--split", "all", "--out", str(tmp_path / "all"), "--progress", "off"]) == 2
     err = capsys.readouterr().err
     assert "--split all" in err and "valid splits for a checkpoint: test, valid, train" in err and "\n" not in err.strip()
