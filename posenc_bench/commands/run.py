@@ -63,7 +63,7 @@ def parse_seeds(value: str) -> list[int]:
     except ValueError:
         raise PosencError(f"--seeds {value!r}: give a count (3 = seeds 0,1,2) or a list (0,5,7)") from None
     if n < 1:
-        raise PosencError(f"--seeds {value!r}: the count must be at least 1")
+        raise PosencError(f"--seeds {value!r}: the count must be at least 1 (one seed by its number: --seeds {value},)")
     return list(range(n))
 
 

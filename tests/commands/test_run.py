@@ -129,6 +129,7 @@ def test_other_config_in_same_folder_is_refused(finished, capsys, args, message)
     (["--data", "/no/such/dir/*.txt"], "'/no/such/dir/*.txt' is not a readable file"),
     (["--device", "cuda"] , "CUDA is not available"),
     (["--seeds", "zero"], "--seeds 'zero'"),
+    (["--seeds", "0"], "the count must be at least 1 (one seed by its number: --seeds 0,)"),
 ])
 def test_bad_input_is_one_clear_line_and_exit_2(tmp_path, capsys, args, message):
     import torch
@@ -369,3 +370,10 @@ def test_sigterm_stops_a_run_like_ctrl_c_and_releases_its_folder(tmp_path):
 
     with FileLock(out / ".results.json.lock").acquire(timeout=0):  # free for the next run
         pass
+
+
+@pytest.mark.parametrize("value,expected", [("3", [0, 1, 2]), ("1", [0]), ("1,", [1]), ("0,5,7", [0, 5, 7])])
+def test_seeds_flag_is_a_count_or_a_list(value, expected):
+    from posenc_bench.commands.run import parse_seeds
+
+    assert parse_seeds(value) == expected
