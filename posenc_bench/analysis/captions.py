@@ -40,7 +40,7 @@ def _params(run: dict, records: Optional[list[dict]], digits: Optional[int] = No
     if counts == [None]:
         return "?"
     shown = [f"{c / 1e6:.{digits}f}M" if digits is not None else f"{c:,}" for c in (counts[0], counts[-1])]
-    return shown[0] if len(counts) == 1 else f"{shown[0]}-{shown[1]}"
+    return shown[0] if shown[0] == shown[1] else f"{shown[0]}-{shown[1]}"  # rows apart by less than the rounding: one
 
 
 def _protocol(cfg: dict) -> str:

@@ -63,3 +63,20 @@ def test_a_task_runs_figure_caption_names_the_task_sizes_and_instances_not_token
     text = short_caption(data["run"], data["records"])
     assert "\ntask copy (t), train sizes 1-100, 40 test instances per size; " in text
     assert "tokens per length" not in text
+
+
+def test_parameters_are_one_number_when_rows_differ_by_less_than_the_rounding():
+    run = run_meta(["rope", "t5", "learned"])
+    run["params"] = {"rope": 115392, "t5": 115520, "learned": 180928}
+    recs = [{"encoding": row} for row in ("rope", "t5")]
+    assert "0.12M params" in short_caption(run, recs) and "0.12M-0.12M" not in short_caption(run, recs)
+    assert "115,392-115,520 parameters" in caption(run, recs)  # the full caption keeps the exact range
+    assert "0.12M-0.18M params" in short_caption(run, recs + [{"encoding": "learned"}])
+
+
+def test_captions_name_the_split_scored():
+    run = run_meta(["rope"])
+    assert "test tokens scored" in caption(run)
+    run["config"] = {**run["config"], "eval": {**run["config"]["eval"], "split": "valid"}}
+    assert "valid tokens scored" in caption(run)
+    assert "tokens of every document (108,267 bytes)" in caption(hf_run())  # results/smollm2: --split all
