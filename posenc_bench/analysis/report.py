@@ -137,6 +137,16 @@ def _context_frame(run: Run, fmt: str, value: str) -> pd.DataFrame:
     return frame
 
 
+def _compared_values(values: list[str], tasks: bool) -> dict[int, str]:
+    """Where ``--compare`` tables go among ``values`` (after the table each one compares) and what each compares:
+    ppl for text runs; for task runs exact match and the answer-token share, each where it was asked for (exact
+    match at the end when neither was)."""
+    if not tasks:
+        return {values.index("ppl") + 1 if "ppl" in values else len(values): "ppl"}
+    shares = {values.index(v) + 1: v for v in ("accuracy", "token_accuracy") if v in values}
+    return shares or {len(values): "accuracy"}
+
+
 def render(runs: Sequence[Run], *, fmt: str = "md", values: Sequence[str] = DEFAULT_VALUES, digits: int = 2,
            mark_best: bool = True, ci: float = CI, compare: Optional[str] = None) -> str:
     """The report for ``runs`` in ``fmt``: Markdown / HTML / LaTeX tables with caption and footnotes, or the
@@ -147,14 +157,17 @@ def render(runs: Sequence[Run], *, fmt: str = "md", values: Sequence[str] = DEFA
     values = parse_values(values)
     if tuple(values) == DEFAULT_VALUES and all(is_task(run) for run in runs):
         values = list(TASK_VALUES)
+    compared = {}  # position in values -> the value compared there
     if compare is not None:
-        at = values.index("ppl") + 1 if "ppl" in values else len(values)
-        values = values[:at] + ["compare"] + values[at:]
+        compared = _compared_values(values, all(is_task(run) for run in runs))
+        for at in sorted(compared, reverse=True):
+            values = values[:at] + ["compare"] + values[at:]
+        compared = {at + i: v for i, (at, v) in enumerate(sorted(compared.items()))}
     notes: dict[str, str] = {}
     intervals = run_intervals(runs, ci)
-    tables = [compare_table(runs, compare, intervals, digits=max(digits, 3)) if v == "compare" else
+    tables = [compare_table(runs, compare, intervals, digits=max(digits, 3), value=compared[i]) if v == "compare" else
               build_table(runs, v, digits=digits, mark_best=mark_best, notes=notes, intervals=intervals)
-              for v in values if v not in CONTEXT_TABLES]
+              for i, v in enumerate(values) if v not in CONTEXT_TABLES]
     for t in tables:
         annotate(t, runs, intervals, notes)
     if fmt == "csv":

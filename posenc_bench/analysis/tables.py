@@ -35,6 +35,8 @@ COMPARE_TITLES = {  # --compare REF: by the run's metric, what each cell is and 
             f"difference is at least {MIN_EFFECT:.1%}"),
     "accuracy": (f"Exact match minus {{ref}}'s at the same size (paired by instance and seed); *: the interval "
                  f"excludes 0 and the difference is at least {MIN_POINTS * 100:g} percentage point"),
+    "token_accuracy": (f"Answer tokens right minus {{ref}}'s at the same size (paired by instance and seed); *: the "
+                       f"interval excludes 0 and the difference is at least {MIN_POINTS * 100:g} percentage point"),
 }
 CHECKPOINT_NOTE = (f"† this checkpoint: fewer than {MIN_SEEDS} seeds in common, so the interval covers the text only and "
                    "describes these trained models, not their recipe; another seed can move a model by more")
@@ -213,15 +215,16 @@ def _mark_best(table: Table, intervals: dict[str, Intervals]) -> None:
                                                         if c is not None)
 
 
-def compare_table(runs: Sequence[Run], ref: str, intervals: dict[str, Intervals], *, digits: int = 2) -> Table:
+def compare_table(runs: Sequence[Run], ref: str, intervals: dict[str, Intervals], *, digits: int = 2,
+                  value: Optional[str] = None) -> Table:
     """Every row against ``ref`` at the same length (seed means), with the paired interval: ppl as a ratio, or a
-    task's exact match as a difference."""
+    task's exact match (``value``: or its answer-token share) as a difference."""
     rows = list(dict.fromkeys(r for run in runs for r in row_order(run.data)))
     if not any(ref == rec["encoding"] for run in runs for rec in run.data["records"]):
         raise ReportError(f"--compare {ref!r}: no such row in the results; rows: {', '.join(rows)}")
     columns = [Column(run.label, L, T) for run in runs
                for L, T in sorted({(r["eval_len"], r["train_len"]) for r in run.data["records"]})]
-    value = "accuracy" if all(is_task(run) for run in runs) else "ppl"
+    value = value or ("accuracy" if all(is_task(run) for run in runs) else "ppl")
     table = Table("compare", COMPARE_TITLES[value].format(ref=ref), rows, columns, digits=digits)
     for row in rows:
         for j, col in enumerate(columns):

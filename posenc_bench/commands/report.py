@@ -28,7 +28,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     rp.add_argument("--compare", metavar="ROW",
                     help="add every row's ppl relative to ROW (e.g. rope) at the same length, with its paired "
                          "interval; * where the interval excludes 1 by at least 0.1%%; on a task run, exact match "
-                         "minus ROW's, * where the interval excludes 0 by at least 1 point")
+                         "(and the answer-token share, each after its own table) minus ROW's, * where the "
+                         "interval excludes 0 by at least 1 point")
     rp.add_argument("--findings", action="store_true",
                     help="instead of tables, list every claim the intervals support (row A vs row B at a length, "
                          "and each row against its own 1x), with its ratio, interval and level (method, or this "

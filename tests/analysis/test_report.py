@@ -197,6 +197,15 @@ def test_compare_on_a_task_run_is_the_paired_difference_of_exact_match(tmp_path,
     assert "Perplexity relative" not in out
     alibi_line = next(line for line in out.splitlines() if line.startswith("| alibi") and "0.250" in line)
     assert alibi_line.count("0.250") == 2 and alibi_line.count("*") == 2  # 10 of 40 instances at both sizes
+    assert "Answer tokens right minus" not in out  # only what --value asked for
+    assert main(["report", str(folder), "--value", "accuracy,token_accuracy", "--compare", "rope"]) == 0
+    out = capsys.readouterr().out
+    titles = [line for line in out.splitlines() if line.startswith(("Exact match", "Answer tokens right"))]
+    assert [t.split(" (")[0].split(":")[0] for t in titles] == [
+        "Exact match", "Exact match minus rope's at the same size", "Answer tokens right",
+        "Answer tokens right minus rope's at the same size"]  # each comparison after the table it compares
+    alibi_tokens = [line for line in out.splitlines() if line.startswith("| alibi") and "0.125" in line]
+    assert len(alibi_tokens) == 1 and alibi_tokens[0].count("*") == 2  # 2 of 4 tokens on 10 of 40 instances: 0.125
 
 
 def test_plateau_flag_and_few_windows_and_csv_columns(tmp_path, capsys):
