@@ -35,7 +35,7 @@ from posenc_bench.bench.rows import Row, variant_name
 from posenc_bench.bench.runtime import Runtime
 from posenc_bench.data import Corpus, document_segments, eval_segments, load_corpus
 from posenc_bench.env import device_description, peak_memory, resolve_device, version_of
-from posenc_bench.errors import ConfigError, DataError, PosencError, PositionOutOfRange
+from posenc_bench.errors import ConfigError, DataError, PosencError
 from posenc_bench.files import file_hash
 from posenc_bench.hf.model import HFModel, ModelSpec, resolve_model
 from posenc_bench.hf import attention as hf_attention

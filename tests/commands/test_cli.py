@@ -1,7 +1,6 @@
 """The command line as a whole: one module per command, the same flags spelled the same way, errors as one
 line and exit 2, interruptions (Ctrl-C, SIGTERM) that release every lock and say how to resume."""
 
-import json
 import subprocess
 import sys
 

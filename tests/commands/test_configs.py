@@ -1,11 +1,5 @@
 """`posenc-bench configs`: every built-in config with its purpose and cost, each purpose true."""
 
-import json
-import subprocess
-import sys
-
-import pytest
-
 from posenc_bench.commands.cli import main
 
 

@@ -1,11 +1,5 @@
 """`posenc-bench eval`: its flags checked before any model is looked for."""
 
-import json
-import subprocess
-import sys
-
-import pytest
-
 from posenc_bench.commands.cli import main
 
 

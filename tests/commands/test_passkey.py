@@ -1,12 +1,5 @@
 """`posenc-bench passkey`: its flags."""
 
-import json
-import subprocess
-import sys
-
-import pytest
-
-from posenc_bench.commands.cli import main
 from tests.commands.cli_helpers import subparser
 
 

@@ -1,11 +1,5 @@
 """`posenc-bench report`: the formats, by flag or by the --out suffix, and README blocks."""
 
-import json
-import subprocess
-import sys
-
-import pytest
-
 from posenc_bench.commands.cli import main
 
 
