@@ -291,8 +291,8 @@ class Intervals:
             return f"intervals: not available ({self.problem})"
         text = (f"the {self.n_units} test instances of each size resampled" if self.metric == "accuracy" else
                 f"the text resampled over {self.n_units} units of {self.unit_size} targets")
-        seed_level = (f"t-intervals over the {len(self.seeds)} training seeds' values, widened by {text}"
-                      if len(self.seeds) >= MIN_SEEDS else "")
+        seed_level = (f"t-intervals over {_seeds_text(self)}, widened by {text}" if len(self.seeds) >= MIN_SEEDS
+                      else "")
         one = self.seeds_one()
         checkpoint = (f"{'rows with one seed' if seed_level else 'one seed'}: {text} only, about this checkpoint"
                       if one else "")
@@ -304,6 +304,16 @@ class Intervals:
         """Whether some row has a number at some length from fewer than MIN_SEEDS seeds."""
         counts = self._measured.sum(axis=1)  # (R, L)
         return bool(((counts > 0) & (counts < MIN_SEEDS)).any())
+
+
+def _seeds_text(iv: "Intervals") -> str:
+    """Whose values a seed-level interval is over: the run's seeds, or each row's own when the rows with
+    several seeds have different numbers of them (seeds added to some rows later)."""
+    per_row = sorted({n for row in iv.rows if (n := sum((row, s) in iv.models for s in iv.seeds)) >= MIN_SEEDS})
+    if len(per_row) <= 1:
+        return f"the {len(iv.seeds)} training seeds' values"
+    return (f"each row's training seeds' values ({per_row[0]}-{per_row[-1]} seeds; a comparison pairs the seeds both "
+            "rows have)")
 
 
 def _accuracy_draws(records: list[dict], iv: "Intervals", label, draws: int, seed: int

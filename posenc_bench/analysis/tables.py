@@ -240,6 +240,24 @@ def compare_table(runs: Sequence[Run], ref: str, intervals: dict[str, Intervals]
     return table
 
 
+def seeds_note(run: Run, rows: Sequence[str]) -> Optional[str]:
+    """Which seeds each row was measured at, when rows differ (a sweep that added seeds to some rows later):
+    the caption lists the run's seeds, and a row's interval rests on its own. None when every row has the same."""
+    by_row: dict[str, list[int]] = {}
+    for r in run.data["records"]:
+        if r["encoding"] in rows:
+            by_row.setdefault(r["encoding"], []).append(r["seed"])
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for row in rows:
+        if row in by_row:
+            groups.setdefault(tuple(sorted(set(by_row[row]))), []).append(row)
+    if len(groups) < 2:
+        return None
+    parts = [f"{', '.join(rs)}: {len(seeds)} seed{'s' if len(seeds) > 1 else ''} ({','.join(map(str, seeds))})"
+             for seeds, rs in sorted(groups.items(), key=lambda g: (-len(g[0]), g[0]))]
+    return (f"{run.label}: " if run.label else "") + "Seeds per row (each row's interval rests on its own): " + "; ".join(parts)
+
+
 def annotate(table: Table, runs: Sequence[Run], intervals: dict[str, Intervals], notes: dict[str, str]) -> None:
     """The flags a reader needs beside the numbers: rows whose model does not use its context (footnote on the
     row), lengths with few independent windows, and marks about this checkpoint (one seed): said once for a
@@ -255,6 +273,7 @@ def annotate(table: Table, runs: Sequence[Run], intervals: dict[str, Intervals],
                        f"independent windows of {col.eval_len} tokens")
             table.notes.append(f"{col.header()}: only {iv.windows(col.eval_len)} {samples}; its intervals rest on "
                                "few samples")
+    table.notes += [n for run in runs if (n := seeds_note(run, table.rows)) is not None]
     one_seed = [iv is not None and iv.available and len(iv.seeds) < MIN_SEEDS for iv in
                 (intervals.get(col.run) for col in table.columns)]
     for (row, j), cell in table.cells.items():

@@ -13,6 +13,8 @@ and its cells' checkpoints into ``--out``, so all shards can share one folder on
 ``merge`` reads those files (or whole results.json files of separate runs), refuses inputs made with
 different configs naming the first field that differs, reports missing cells, and writes results.json,
 results.csv, table.md and config.yaml as ``run`` does, records in the order an unsharded run writes them.
+Several sweeps of one config merge too (seeds 3-4 of some rows added to a sweep of seeds 0-2, each sweep
+sharded its own way): each row's seeds then come together, and each sweep's absent shard files are named.
 """
 
 from __future__ import annotations
@@ -95,30 +97,40 @@ def _expected_cells(run: dict) -> list[tuple[str, int]]:
     return [(row, seed) for row in run["rows"] for seed in run["config"]["seeds"]]
 
 
+def _sweeps(files: list[Path], datas: list[dict]) -> dict[frozenset, tuple[Path, list[dict]]]:
+    """The shard files grouped by the sweep they split (its set of cells): sweep -> (its first file, the shard
+    metas). Several sweeps of one config merge (seeds or rows added by a later sweep); the shards of one sweep
+    must come from one --shard i/n split, and each sweep's absent shard files are reported."""
+    sweeps: dict[frozenset, tuple[Path, list[dict]]] = {}
+    for f, d in zip(files, datas):
+        if "shard" in d["run"]:
+            sweeps.setdefault(frozenset(map(tuple, d["run"]["shard"]["all_cells"])), (f, []))[1].append(d["run"]["shard"])
+    for _, metas in sweeps.values():
+        counts = sorted({m["count"] for m in metas})
+        if len(counts) > 1:
+            raise ResultsError(f"shard files of different splits ({' and '.join(f'n={n}' for n in counts)}); "
+                               "merge the shards of one --shard i/n split")
+    return sweeps
+
+
 def merge_results(files: list[Path], out: Optional[Path] = None) -> tuple[dict, list[str], list[str]]:
     """(merged results, missing cells as "rope seed 1", missing shard files). Raises ResultsError for inputs
     that do not belong together."""
     datas = [read_results(f) for f in files]
     ref_file, ref = files[0], datas[0]
-    counts = {d["run"]["shard"]["count"] for d in datas if "shard" in d["run"]}
-    if len(counts) > 1:
-        raise ResultsError(f"shard files of different splits ({' and '.join(f'n={n}' for n in sorted(counts))}); "
-                           "merge the shards of one --shard i/n split")
     for f, d in zip(files[1:], datas[1:]):
         diffs = differences(ref["run"], d["run"], ref["records"], d["records"])
         if diffs:
             field, a, b = diffs[0]
             raise ResultsError(f"{str(f)!r} was made with a different config than {str(ref_file)!r}: "
                                f"{field} is {b!r} there and {a!r} in the first; merge only shards of one config")
-        if "shard" in d["run"] and "shard" in ref["run"] and (
-                {tuple(c) for c in d["run"]["shard"]["all_cells"]} != {tuple(c) for c in ref["run"]["shard"]["all_cells"]}):
-            field = next((k for k in ("encodings", "window", "seeds")
-                          if ref["run"]["config"][k] != d["run"]["config"][k]), "encodings")
-            raise ResultsError(f"{str(f)!r} is a shard of another sweep than {str(ref_file)!r} (its {field} differ: "
-                               "other cells); merge only shards of one config")
+    sweeps = _sweeps(files, datas)
     lengths = set(ref["run"]["eval_lengths"])
 
     expected = list(dict.fromkeys(c for d in datas for c in _expected_cells(d["run"])))
+    if len(sweeps) > 1:  # seeds added later: each row's seeds together, in the order the rows first appear
+        rows = list(dict.fromkeys(row for row, _ in expected))
+        expected.sort(key=lambda c: (rows.index(c[0]), c[1]))
     cells: dict[tuple[str, int], list[dict]] = {}
     source: dict[tuple[str, int], Path] = {}
     for f, d in zip(files, datas):
@@ -139,11 +151,11 @@ def merge_results(files: list[Path], out: Optional[Path] = None) -> tuple[dict, 
                 expected.append(cell)
 
     missing = [f"{row} seed {seed}" for row, seed in expected if (row, seed) not in cells]
-    shard_runs = [d["run"]["shard"] for d in datas if "shard" in d["run"]]
     absent: list[str] = []
-    if shard_runs:
+    for first, shard_runs in sweeps.values():
         n = shard_runs[0]["count"]
-        absent = [shard_file(i, n) for i in sorted(set(range(1, n + 1)) - {s["index"] for s in shard_runs})]
+        where = f"{first.parent}/" if len(sweeps) > 1 else ""  # which sweep's file, when there are several
+        absent += [where + shard_file(i, n) for i in sorted(set(range(1, n + 1)) - {s["index"] for s in shard_runs})]
 
     order = {c: k for k, c in enumerate(expected)}
     run = copy.deepcopy(ref["run"])

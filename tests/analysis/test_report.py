@@ -21,7 +21,8 @@ def test_markdown_cells_show_mean_and_std_and_footnotes():
     assert "| rope       |  5.00 ± 1.41 |  8.50 ± 0.71 |" in text
     assert "| learned    |         5.00 |      n/a [1] |" in text
     assert "| bad        | diverged [2] | diverged [2] |" in text
-    assert text.endswith("\n[1] table has 100 rows\n[2] diverged at step 3\n")
+    assert text.endswith("\n[1] table has 100 rows\n[2] diverged at step 3\nSeeds per row (each row's interval rests "
+                         "on its own): rope: 2 seeds (0,1); learned, bad: 1 seed (0)\n")
     ratio = report.render([Run("", "", results())], values="ratio", mark_best=False)
     assert "| rope       |  1.00 ± 0.00 |  1.75 ± 0.35 |" in ratio
 

@@ -130,6 +130,30 @@ def test_merge_refuses_shards_of_different_splits(sweeps, tmp_path, capsys):
     assert "n=3 and n=4" in capsys.readouterr().err
 
 
+def test_a_later_sweep_of_more_seeds_for_some_rows_merges_with_the_first(sweeps, tmp_path, capsys):
+    data = ["--data", str(sweeps / "corpus"), "--set", "data.test_fraction=0.3", "--set", "data.valid_fraction=0"]
+    more = tmp_path / "more"
+    for i in (1, 2):  # rope (and its rope-linear) at seeds 2 and 3, split its own way
+        assert main(["run", *TINY, *data, "--encodings", "rope,rope-linear", "--seeds", "2,3", "--shard", f"{i}/2",
+                     "--out", str(more)]) == 0
+    capsys.readouterr()
+    assert main(["merge", str(sweeps / "shared"), str(more), "--out", str(tmp_path / "m")]) == 0
+    assert "merged 10 cell(s) from 5 file(s)" in capsys.readouterr().out
+    merged = json.loads((tmp_path / "m" / "results.json").read_text())
+    cells = list(dict.fromkeys((r["encoding"], r["seed"]) for r in merged["records"]))
+    assert cells == [("rope", s) for s in range(4)] + [("rope-linear", s) for s in range(4)] + [("alibi", 0), ("alibi", 1)]
+    assert merged["run"]["config"]["seeds"] == [0, 1, 2, 3] and merged["run"]["rows"] == ["rope", "rope-linear", "alibi"]
+    single = {(r["encoding"], r["seed"], r["eval_len"]): r["ppl"]
+              for r in json.loads((sweeps / "single" / "results.json").read_text())["records"]}
+    assert all(single[(r["encoding"], r["seed"], r["eval_len"])] == r["ppl"] for r in merged["records"] if r["seed"] < 2)
+    table = (tmp_path / "m" / "table.md").read_text()
+    assert "Seeds per row (each row's interval rests on its own): rope, rope-linear: 4 seeds (0,1,2,3); alibi: 2 seeds (0,1)" in table
+    assert "t-intervals over each row's training seeds' values (2-4 seeds; a comparison pairs the seeds both rows have)" in table
+    (more / "results.shard-2-of-2.json").unlink()  # a sweep with a shard file absent: named with its folder
+    assert main(["merge", str(sweeps / "shared"), str(more), "--out", str(tmp_path / "m2")]) == 2
+    assert f"(no {more}/results.shard-2-of-2.json)" in capsys.readouterr().err
+
+
 def test_merge_notes_inputs_from_different_commits(sweeps, tmp_path, capsys):
     for i in (1, 2, 3):
         data = json.loads((sweeps / "shared" / f"results.shard-{i}-of-3.json").read_text())
