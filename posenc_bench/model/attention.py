@@ -24,6 +24,10 @@ from posenc_bench.model import distance_bias, explicit, sinks
 BAND_MIN = 4
 # The paths whose chunks SDPA attends itself: there a square chunk from position 0 needs no mask (is_causal).
 SDPA_PATHS = ("fused", "folded", "mask")
+# The devices on which a low-rank bias is folded into q/k channels. On CPU that keeps SDPA on its fused kernels
+# and beats a (q, k) bias mask; on CUDA the mask path is the faster one (both measured by `posenc-bench time`,
+# its "(explicit bias)" rows: docs/timing.md), so there the bias goes into the mask.
+FOLD_DEVICES = ("cpu",)
 
 
 def query_chunks(T: int, size: int, window: Optional[int], block: Optional[int]) -> list[tuple[int, int, int]]:
@@ -42,30 +46,44 @@ def query_chunks(T: int, size: int, window: Optional[int], block: Optional[int])
     return chunks
 
 
-def choose_path(encoding: encodings.Encoding, *, window: Optional[int], block: Optional[int], sinks: int, grad: bool,
-                batched: bool, length: int, band: Optional[int]) -> str:
+class Facts(NamedTuple):
+    """A forward's facts that choose its path: the window and S ``sinks`` (``sink_window``), the ``block`` of
+    blockwise attention, whether gradients are on, whether positions are (B, T) (``batched``), the ``length``
+    T and ``band``, the width W of the encoding's distance bias where this device has its band kernel (None: no
+    such bias or kernel), and whether this device folds a low-rank bias (``fold``, ``FOLD_DEVICES``)."""
+
+    window: Optional[int] = None
+    block: Optional[int] = None
+    sinks: int = 0
+    grad: bool = False
+    batched: bool = False
+    length: int = 0
+    band: Optional[int] = None
+    fold: bool = True
+
+
+def choose_path(encoding: encodings.Encoding, facts: Facts) -> str:
     """The path of one forward, one of ``PATHS``, from what ``encoding`` declares (its ``has_*`` flags) and the
-    forward's facts: the window and S ``sinks`` (``sink_window``), the ``block`` of blockwise attention, whether
-    gradients are on, whether positions are (B, T) (``batched``), the ``length`` T and ``band``, the width W of
-    the encoding's distance bias where this device has its band kernel (None: no such bias or kernel).
+    forward's ``facts``.
 
     - logits: the encoding computes each chunk's logits (``has_attention_logits``); parts where it also splits
       them into plain attentions (``has_attention_parts``) and there are no sinks, whose keys are not one range.
     - sinks: the first S keys stay visible beside the window, at their cache positions (``sinks.py``).
-    - folded: a low-rank bias (``has_low_rank_bias``), folded into extra q/k channels.
+    - folded: a low-rank bias (``has_low_rank_bias``), folded into extra q/k channels, where the device folds.
     - distance_bias: a learned distance bias in training on (T,) positions without blocks, from BAND_MIN x W on.
     - fused: no bias, no window, no blocks: one causal SDPA call.
     - mask: anything else: SDPA with a float mask per chunk, the bias in it."""
+    f = facts
     if encoding.has_attention_logits:
-        return "parts" if encoding.has_attention_parts and not sinks else "logits"
-    if sinks:
+        return "parts" if encoding.has_attention_parts and not f.sinks else "logits"
+    if f.sinks:
         return "sinks"
-    if encoding.has_bias and encoding.has_low_rank_bias:
+    if encoding.has_bias and encoding.has_low_rank_bias and f.fold:
         return "folded"
-    if (encoding.has_bias and encoding.has_distance_bias and grad and not batched and block is None
-            and band is not None and length >= BAND_MIN * band):
+    if (encoding.has_bias and encoding.has_distance_bias and f.grad and not f.batched and f.block is None
+            and f.band is not None and f.length >= BAND_MIN * f.band):
         return "distance_bias"
-    if not encoding.has_bias and window is None and block is None:
+    if not encoding.has_bias and f.window is None and f.block is None:
         return "fused"
     return "mask"
 
@@ -121,9 +139,9 @@ class AttentionPlan:
         grad, batched = torch.is_grad_enabled(), pos.dim() == 2
         trainable = encoding.has_distance_bias and grad and not batched and distance_bias.supported(pos)
         r = encoding.distance_bias() if trainable else None
-        self.path = choose_path(encoding, window=self.window, block=self.block, sinks=self.sinks, grad=grad,
-                                batched=batched, length=T,
-                                band=None if r is None else r.shape[1] - 1)
+        self.path = choose_path(encoding, Facts(window=self.window, block=self.block, sinks=self.sinks, grad=grad,
+                                                batched=batched, length=T, band=None if r is None else r.shape[1] - 1,
+                                                fold=pos.device.type in FOLD_DEVICES))
         self.distance_bias = r if self.path == "distance_bias" else None
         self.mask_bias = encoding.has_bias and self.path != "folded"  # the bias goes into the masks
         mask_batch = pos.shape[0] if pos.dim() == 2 and self.mask_bias else 1  # a bias of per-sequence positions

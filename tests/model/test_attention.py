@@ -10,7 +10,7 @@ import torch
 
 from posenc_bench import encodings
 from posenc_bench.model import attention
-from posenc_bench.model.attention import PATHS, AttentionPlan, choose_path, fold_bias, fold_channels
+from posenc_bench.model.attention import PATHS, AttentionPlan, Facts, choose_path, fold_bias, fold_channels
 from posenc_bench.model.transformer import DecoderLM, ModelConfig
 from tests.model.reference_attention import assert_matches_reference_attention
 
@@ -34,6 +34,8 @@ def declaring(*flags):
     ((BIAS, LOW_RANK), {}, "folded"),
     ((BIAS, LOW_RANK), {"window": 8, "grad": True, "batched": True}, "folded"),
     ((BIAS, LOW_RANK), {"sinks": 2, "window": 8}, "sinks"),  # the sinks' bias needs the mask
+    ((BIAS, LOW_RANK), {"fold": False}, "mask"),  # CUDA: the bias mask is faster than folding there
+    ((BIAS, LOW_RANK), {"fold": False, "grad": True, "batched": True}, "mask"),
     # a learned distance bias trains on its band: with gradients, (T,) positions, no blocks, the kernel (band)
     # and T >= BAND_MIN x W; otherwise it is a mask like any bias
     ((BIAS, DISTANCE), {"grad": True, "band": 128}, "distance_bias"),
@@ -56,7 +58,7 @@ def declaring(*flags):
     ((PARTS,), {}, "fused"),  # parts without logits: a plain encoding at this length (ReRoPE within its w)
 ])
 def test_the_path_is_a_pure_function_of_capabilities_and_facts(flags, facts, path):
-    assert choose_path(declaring(*flags), **{**FACTS, **facts}) == path
+    assert choose_path(declaring(*flags), Facts(**{**FACTS, **facts})) == path
     assert path in PATHS
 
 
@@ -152,6 +154,17 @@ def test_folded_alibi_matches_the_explicit_bias_forward_and_gradients(monkeypatc
     model = DecoderLM(cfg, "alibi", 16, window=window, seed=3)
     x = torch.randint(0, 256, (2, 40))
     assert_matches_reference_attention(model, x, window, grad_atol=1e-6)
+
+
+def test_where_the_device_does_not_fold_alibi_goes_into_the_mask_and_matches_the_reference(monkeypatch):
+    """CUDA is not in FOLD_DEVICES (its bias mask is the faster path): emulated here on the CPU."""
+    enc = encodings.build("alibi", d_model=32, n_heads=4, train_len=32)
+    pos = torch.arange(64)
+    assert AttentionPlan(enc, pos, None, 64 << 20).path == "folded"  # the CPU folds
+    monkeypatch.setattr(attention, "FOLD_DEVICES", ())
+    assert AttentionPlan(enc, pos, None, 64 << 20).path == "mask"
+    model = DecoderLM(ModelConfig(d_model=48, n_layers=2, n_heads=6), "alibi", 16, seed=3)
+    assert_matches_reference_attention(model, torch.randint(0, 256, (2, 40)), None, grad_atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-5)])
