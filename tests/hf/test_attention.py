@@ -3,6 +3,8 @@
 The reference for each fix is written out here from its paper's rule with transformers' own rotary module and
 ``apply_rotary_pos_emb``, independently of our encodings' code."""
 
+import copy
+
 import pytest
 import torch
 
@@ -105,6 +107,25 @@ def test_fix_on_a_hugging_face_model_follows_its_papers_rule(model, name, option
     mine = _logits(model, x, enc)
     torch.testing.assert_close(mine, _reference_logits(model, x, rule), rtol=1e-4, atol=1e-4)
     assert (mine - _logits(model, x)).abs().max() > 1e-3  # and it is not the unchanged model
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+@pytest.mark.parametrize("name, options", [("rope-rerope", {}), ("rope-leaky", {}), ("rope-selfextend", {})])
+@pytest.mark.parametrize("T, max_bytes", [(14, 1 << 30), (512, 1 << 30), (2048, 1 << 20)])  # 1 MiB: many chunks
+def test_a_fix_rerouted_on_cuda_is_the_cpus(model, monkeypatch, name, options, T, max_bytes):
+    """The rerouted fixes on CUDA (the explicit log-sum-exp there, SDPA's flash kernel on the CPU) give the CPU's
+    logits, in one chunk and in many: an H200 scored SmolLM2's ReRoPE row 1.6-4.2% worse than the CPU did
+    (results/timing-gpu), with a cause not yet found."""
+    monkeypatch.setattr(hf_attention, "MAX_LOGIT_BYTES", max_bytes)
+    gpu = copy.deepcopy(model)
+    gpu.model.to("cuda")
+    x = _ids(T, seed=3)
+    out = []
+    for m, xs in ((model, x), (gpu, x.cuda())):
+        enc = hf_attention.build_encoding(name, m.config, m.rotary, TRAIN, **options)
+        enc.set_eval_length(T)
+        out.append(_logits(m, xs, enc).float().cpu())
+    torch.testing.assert_close(out[1], out[0], rtol=1e-4, atol=1e-4)
 
 
 def test_sinks_on_a_hugging_face_model_keep_the_first_tokens_and_a_window(model):
