@@ -366,6 +366,7 @@ class ResultsFolder:
                                     "or --fresh to start over")
         if merge_runs:
             merge_run_lists(old["run"], run)
+        run["started"] = old["run"].get("started", run.get("started"))  # when the folder's first run began
         return ResultsStore(self.path, run, old["records"])
 
 

@@ -130,6 +130,16 @@ def test_the_folder_takes_one_writer_and_refuses_results_measured_another_way(tm
         assert folder.open_store(dict(run)).records == [{"encoding": "rope", "seed": 0, "eval_len": 64}]
 
 
+def test_a_resumed_run_keeps_the_time_its_folder_was_started(tmp_path):
+    run = {**RUN, "rows": ["rope"], "eval_lengths": [64], "config": RunConfig().to_dict(),
+           "started": "2026-12-03T14:47:00+0000"}
+    with ResultsFolder(tmp_path / "out") as folder:
+        folder.open_store(dict(run)).put_cell("rope", 0, [{"encoding": "rope", "seed": 0, "eval_len": 64}])
+    with ResultsFolder(tmp_path / "out") as folder:
+        store = folder.open_store({**run, "started": "2026-12-04T05:51:43+0000"})
+        assert store.run["started"] == "2026-12-03T14:47:00+0000"
+
+
 def test_a_folder_that_cannot_be_made_is_one_error_naming_it(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ResultsError, match=r"output folder '.*file' cannot be written: it is a file, not a folder"):
