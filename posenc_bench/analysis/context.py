@@ -63,6 +63,20 @@ def context_use(records: list[dict], row: str) -> Optional[tuple[float, float]]:
     return mean([p[0] for p in pairs]), mean([p[1] for p in pairs])
 
 
+def late_spread(records: list[dict], row: str) -> Optional[float]:
+    """The noise scale of ``context_use`` for ``row``: the standard deviation of its 1x bucket losses over the
+    second half of the window (where the loss has stopped falling, buckets differ by their text), the mean over
+    its seeds. A gap much smaller than a few of these is not measured by the row's eval text."""
+    sds = []
+    for r in records:
+        if r["encoding"] == row and r["eval_len"] == r["train_len"] and _early_late(r) is not None:
+            late = [b["loss"] for b in r["loss_by_position"] if b["start"] >= r["eval_len"] // 2]
+            if len(late) > 1:
+                m = sum(late) / len(late)
+                sds.append((sum((x - m) ** 2 for x in late) / (len(late) - 1)) ** 0.5)
+    return mean(sds) if sds else None
+
+
 def context_positions(records: list[dict], row: str) -> Optional[tuple[str, str]]:
     """The positions ``context_use`` compares for ``row`` at 1x, as text: ("0-7", "64-127") in the default run."""
     rec = next((r for r in records if r["encoding"] == row and r["eval_len"] == r["train_len"]

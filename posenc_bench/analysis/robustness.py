@@ -8,6 +8,11 @@ tokenizer's). From those files alone (``posenc-bench report SETTING... --robustn
   two seeds' intervals wide: 12.7 standard errors at 95%);
 - **the ranking's agreement**: Kendall's tau-b between the settings' rankings of the rows by mean ppl at the
   longest length, on the rows both hold, with the pairs whose order flips;
+- **context use**: each row's 1x loss over its first positions minus over the second half of its window, per
+  setting (``analysis/context.py``); a row below PLATEAU_MARGIN is flagged there, and its cells in the ratio
+  table are marked, since a flat 4x / 1x from a model that predicts from local context says little about its
+  encoding. Positions are the setting's tokens: with a subword tokenizer the first bucket spans several times the
+  text it spans with bytes, so the columns of two tokenizers measure different spans;
 - **the claims**: every finding of the claims run (``analysis/findings.py``, by default the first setting) at its
   longest length, between rows all settings hold, checked in each setting: *holds* (the setting's interval
   supports it too), *reversed* (it supports the opposite), or not shown there, said with the direction of its
@@ -25,11 +30,13 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Optional, Sequence
 
+from posenc_bench.analysis.context import PLATEAU_MARGIN, context_positions, context_use, late_spread, on_plateau
 from posenc_bench.analysis.findings import Finding, run_findings
 from posenc_bench.analysis.intervals import CHECKPOINT, CI, MIN_EFFECT, Interval, Intervals
 from posenc_bench.analysis.tables import Run, row_order, train_len
 
 HOLDS, REVERSED, SAME_WAY, OTHER_WAY, MISSING = "holds", "reversed", "same way, not shown", "other way, not shown", "n/a"
+PLATEAU_MARK = "†"  # on a cell: the row does not use its context in that setting (context.on_plateau)
 
 
 @dataclass
@@ -134,9 +141,11 @@ def markdown(settings_runs: Sequence[Run], claims_run: Optional[Run] = None, *, 
         for s in settings:
             got = s.iv.interval("ratio", row, s.longest)
             one_seed = " (this checkpoint)" if s.iv.level(row, s.longest) == CHECKPOINT else ""
+            flat = f" {PLATEAU_MARK}" if on_plateau(s.run.data["records"], row) else ""
             cells.append("n/a" if got is None or not math.isfinite(got.value)
-                         else f"{got.value:.2f} [{got.lo:.2f}, {got.hi:.2f}]{one_seed}")
+                         else f"{got.value:.2f} [{got.lo:.2f}, {got.hi:.2f}]{one_seed}{flat}")
         out.append(f"| {row} | " + " | ".join(cells) + " |")
+    out += ["", _context_block(settings, rows)]
     means = {s.label: s.ppl_means(rows) for s in settings}
     out += ["", "Rankings by mean ppl at the longest length (best first):\n"]
     out += [f"- {label}: " + " < ".join(sorted(m, key=m.get)) for label, m in means.items()]
@@ -147,6 +156,39 @@ def markdown(settings_runs: Sequence[Run], claims_run: Optional[Run] = None, *, 
         out.append(f"- {a.label} vs {b.label}: tau {tau:.2f} over {n} rows; flips: {flipped}")
     out += ["", _claims_block(claims, settings, rows)]
     return "\n".join(out) + "\n"
+
+
+def _context_block(settings: list[Setting], rows: list[str]) -> str:
+    """Each row's context use at 1x per setting: first-bucket loss minus second-half loss (nats a token)."""
+    spans = {}
+    for s in settings:
+        pos = next((p for row in rows if (p := context_positions(s.run.data["records"], row))), None)
+        spans[s.label] = f"positions {pos[0]} vs {pos[1]}" if pos else "no loss by position"
+    head = (f"{PLATEAU_MARK}: flagged by the plateau check in that setting. Context use at 1x: the loss over the "
+            "first positions of the window minus the loss over its second half, nats a token, the mean over the "
+            f"row's seeds; below {PLATEAU_MARGIN:g} the row is flagged ({PLATEAU_MARK}) as not using context past "
+            "its first positions. Positions are the setting's tokens, so settings with different tokenizers "
+            "measure different spans of text. The last line is the measure's noise scale: the standard deviation of "
+            "the second-half position buckets (their text differs), the mean over rows; a gap within a few of it "
+            "is not measured by that setting's eval text:\n")
+    table = ["| row | " + " | ".join(f"{s.label} ({spans[s.label]})" for s in settings) + " |",
+             "|---|" + "---|" * len(settings)]
+    for row in rows:
+        cells = []
+        for s in settings:
+            use = context_use(s.run.data["records"], row)
+            cells.append("n/a" if use is None else f"{use[0] - use[1]:.3f}"
+                         + (f" {PLATEAU_MARK}" if on_plateau(s.run.data["records"], row) else ""))
+        table.append(f"| {row} | " + " | ".join(cells) + " |")
+    spreads = []
+    for s in settings:
+        got = [x for row in rows if (x := late_spread(s.run.data["records"], row)) is not None]
+        spreads.append(f"{sum(got) / len(got):.3f}" if got else "n/a")
+    table.append("| (bucket spread, sd) | " + " | ".join(spreads) + " |")
+    flagged = [f"{s.label}: {', '.join(r for r in rows if on_plateau(s.run.data['records'], r))}" for s in settings
+               if any(on_plateau(s.run.data["records"], r) for r in rows)]
+    tail = ("Flagged: " + "; ".join(flagged) + ".") if flagged else "No row is flagged in any setting."
+    return head + "\n" + "\n".join(table) + "\n\n" + tail
 
 
 def _claims_block(claims: Setting, settings: list[Setting], rows: list[str]) -> str:

@@ -1,9 +1,11 @@
 """The context tables: train loss along the run and context use at 1x (the plateau flag reads the same mean
 over seeds), and the cost of each evaluation where it was measured."""
 
+from pytest import approx
+
 from tests.analysis.fake_results import rec, results
-from posenc_bench.analysis.context import (context_positions, context_use, cost_table, on_plateau, plateau_note,
-                                           plateau_rows, training_table)
+from posenc_bench.analysis.context import (context_positions, context_use, cost_table, late_spread, on_plateau,
+                                           plateau_note, plateau_rows, training_table)
 from posenc_bench.analysis.report import render
 from posenc_bench.analysis.tables import Run
 
@@ -25,6 +27,18 @@ def test_training_table_reads_curves_and_positions():
     assert t.loc["rope", "1x loss, positions 0-9"] == "2.000"
     assert t.loc["rope", "1x loss, positions 50-99"] == "1.250"
     assert context_use([r], "rope") == (2.0, 1.25) and context_positions([r], "rope") == ("0-9", "50-99")
+
+
+def test_late_spread_is_the_sd_of_the_second_half_buckets_mean_over_seeds():
+    recs = []
+    for seed, losses in enumerate([(2.0, 1.5, 1.2, 1.4), (2.0, 9.0, 1.0, 1.0)]):  # second halves: sd 0.1414, then 0
+        r = rec("rope", seed, 100, 4.0)
+        r["loss_by_position"] = [{"start": 25 * i, "end": 25 * (i + 1), "loss": x, "tokens": 5}
+                                 for i, x in enumerate(losses)]
+        recs.append(r)
+    assert late_spread(recs[:1], "rope") == approx(0.1414, abs=1e-4)  # buckets 50-74 and 75-99 only
+    assert late_spread(recs, "rope") == approx(0.0707, abs=1e-4)  # bucket 25-49's 9.0 is in the first half
+    assert late_spread(recs, "alibi") is None
 
 
 def test_training_table_is_the_mean_over_seeds_that_the_plateau_flag_reads():

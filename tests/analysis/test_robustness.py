@@ -12,18 +12,18 @@ from tests.analysis.fake_results import run_meta, urec, write
 ROWS = ("a", "b", "c")
 
 
-def setting(folder, at_4x, seeds=(0, 1, 2), seed_sd=0.002, n=40):
+def setting(folder, at_4x, seeds=(0, 1, 2), seed_sd=0.002, n=40, by_pos=None):
     """Rows a, b, c with 1x NLL multipliers 1.0, 1.01, 1.02 and the given 4x multipliers (row -> factor of its 1x,
     or a tuple: one per seed),
     each seed's model off by random factors of sd ``seed_sd`` (at 1x, and on its 4x factor); train length 100, eval
-    at 100 and 400."""
+    at 100 and 400; ``by_pos``: row -> (1x loss over positions 0-7, over 50-99)."""
     rng = np.random.default_rng(sum(map(ord, folder.name)))  # each setting its own draws, whatever the path
     text = rng.gamma(50, 1.5, size=n)
     recs = []
     for s in seeds:
         for i, row in enumerate(ROWS):
             luck = 1 + rng.normal(0, seed_sd)
-            recs.append(urec(row, s, 100, text * (1 + 0.01 * i) * luck))
+            recs.append(urec(row, s, 100, text * (1 + 0.01 * i) * luck, by_pos=(by_pos or {}).get(row)))
             factor = at_4x[row][s] if isinstance(at_4x[row], tuple) else at_4x[row] * (1 + rng.normal(0, seed_sd))
             recs.append(urec(row, s, 400, text * (1 + 0.01 * i) * luck * factor))
     for r in recs:
@@ -65,6 +65,21 @@ def test_each_claim_holds_reverses_or_is_not_shown_in_each_setting(tmp_path):
     only_two = robustness.markdown(runs[:2])
     assert "| a < c (ratio to 1x)" in only_two and all(
         ln.endswith("| yes |") for ln in only_two.splitlines() if ln.startswith("| a < c"))
+
+
+def test_a_row_flagged_by_the_plateau_check_in_one_setting_is_marked_there_only(tmp_path):
+    head = setting(tmp_path / "head", {"a": 1.10, "b": 1.30, "c": 1.60}, by_pos={r: (2.0, 1.8) for r in ROWS})
+    bpe = setting(tmp_path / "bpe", {"a": 1.10, "b": 1.30, "c": 1.60},
+                  by_pos={"a": (2.0, 1.8), "b": (2.0, 1.97), "c": (2.0, 1.9)})
+    text = robustness.markdown(load_runs([head, bpe]))
+    ratio = {ln.split(" |")[0]: ln for ln in text.splitlines() if ln.startswith("| ") and "[" in ln}
+    assert ratio["| b"].endswith(f"] {robustness.PLATEAU_MARK} |") and ratio["| b"].count(robustness.PLATEAU_MARK) == 1
+    assert robustness.PLATEAU_MARK not in ratio["| a"] + ratio["| c"]
+    assert "| head (positions 0-7 vs 50-99) | bpe (positions 0-7 vs 50-99) |" in text
+    assert f"| b | 0.200 | 0.030 {robustness.PLATEAU_MARK} |" in text and "| c | 0.200 | 0.100 |" in text
+    assert "| (bucket spread, sd) | n/a | n/a |" in text  # one bucket in the second half: no spread
+    assert "Flagged: bpe: b." in text
+    assert "No row is flagged in any setting." in robustness.markdown(load_runs([head, head]))
 
 
 def test_report_robustness_command_and_its_refusals(tmp_path, capsys):
