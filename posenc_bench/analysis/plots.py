@@ -24,6 +24,7 @@ from posenc_bench import encodings  # noqa: E402
 from posenc_bench.bench.rows import Row, select_rows  # noqa: E402
 from posenc_bench.errors import PosencError  # noqa: E402
 from posenc_bench.analysis.intervals import Intervals  # noqa: E402
+from posenc_bench.analysis.context import on_plateau  # noqa: E402
 from posenc_bench.analysis.captions import short_caption  # noqa: E402
 from posenc_bench.analysis.seeds import RATIO, mean_std, over_seeds, with_ratio_to_1x  # noqa: E402
 from posenc_bench.analysis.tables import Run, is_task, row_order, train_len  # noqa: E402
@@ -248,25 +249,35 @@ def plot_robustness(runs: Sequence[Run], out: Path, formats: Sequence[str] = FOR
         raise PlotError("a robustness figure needs two or more settings with rows in common")
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows) + 2), 4.2))
     width = 0.8 / len(settings)
+    flagged_any = False
     for i, s in enumerate(settings):
-        xs, ys, err = [], [], [[], []]
+        pts = {False: ([], [], [[], []]), True: ([], [], [[], []])}  # on the plateau -> (xs, ys, errors)
         for j, row in enumerate(rows):
             got = s.iv.interval("ratio", row, s.longest)
             if got is None or not math.isfinite(got.value):
                 continue
+            xs, ys, err = pts[on_plateau(s.run.data["records"], row)]
             xs.append(j - 0.4 + width * (i + 0.5))
             ys.append(got.value)
             err[0].append(max(0.0, got.value - got.lo))
             err[1].append(max(0.0, got.hi - got.value))
-        ax.errorbar(xs, ys, yerr=err, fmt="o", capsize=3, label=f"{s.label} ({s.longest // s.T}x)", color=style(i)["color"])
+        color = style(i)["color"]
+        ax.errorbar(*pts[False][:2], yerr=pts[False][2], fmt="o", capsize=3, color=color,
+                    label=f"{s.label} ({s.longest // s.T}x)")
+        if pts[True][0]:  # hollow: the plateau check flags the row in this setting
+            flagged_any = True
+            ax.errorbar(*pts[True][:2], yerr=pts[True][2], fmt="o", capsize=3, color=color, markerfacecolor="none")
     ax.axhline(1.0, color="0.5", linewidth=0.8)
     ax.set_xticks(range(len(rows)), rows, rotation=30, ha="right")
     ax.set_ylabel("ppl at the longest length / ppl at 1x")
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))  # a log axis within one decade: 2, not 2x10^0
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=7, loc="best")
-    fig.suptitle("Extrapolation per setting: each row against its own 1x (95% intervals; paired by seed and text)")
+    fig.suptitle("Extrapolation per setting: each row against its own 1x (95% intervals; paired by seed and text)"
+                 + ("\nhollow: a row the plateau check flags in that setting" if flagged_any else ""))
+    fig.tight_layout()  # the slanted row names inside the figure, above the caption
     _caption(fig, runs)
     return _save(fig, out, stem, formats)
 

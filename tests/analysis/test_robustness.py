@@ -105,6 +105,11 @@ def test_plot_robustness_draws_one_marker_per_row_and_setting(tmp_path, capsys):
     assert main(["plot", str(head), str(other), "--robustness", "--out", str(tmp_path / "fig"), "--formats", "svg"]) == 0
     svg = (tmp_path / "fig" / "robustness.svg").read_text()
     assert "head (4x)" in svg and "other (4x)" in svg and capsys.readouterr().out.startswith("wrote ")
+    assert "hollow" not in svg
+    flat = setting(tmp_path / "flat", {"a": 1.10, "b": 1.30, "c": 1.60}, by_pos={"a": (2.0, 1.8), "b": (2.0, 1.99)})
+    assert main(["plot", str(head), str(flat), "--robustness", "--out", str(tmp_path / "fig3"), "--formats", "svg"]) == 0
+    svg = (tmp_path / "fig3" / "robustness.svg").read_text()
+    assert "hollow: a row the plateau check flags in that setting" in svg and "flat (4x)" in svg
     assert main(["plot", str(head), "--robustness", "--out", str(tmp_path / "fig2")]) == 2
     assert "two or more settings" in capsys.readouterr().err
 
