@@ -64,16 +64,17 @@ def context_use(records: list[dict], row: str) -> Optional[tuple[float, float]]:
 
 
 def late_spread(records: list[dict], row: str) -> Optional[float]:
-    """The noise scale of ``context_use`` for ``row``: the standard deviation of its 1x bucket losses over the
-    second half of the window (where the loss has stopped falling, buckets differ by their text), the mean over
-    its seeds. A gap much smaller than a few of these is not measured by the row's eval text."""
+    """The noise scale of ``context_use`` for ``row``: how much its 1x bucket losses over the second half of the
+    window scatter (there the loss has about stopped falling, and buckets differ by their text), the mean over its
+    seeds. Measured from neighbouring buckets (von Neumann: the root of half their mean squared difference), so a
+    slow trend along the half, as in a row that degrades with position, hardly counts as scatter. A gap within a
+    few of these is not measured by the row's eval text."""
     sds = []
     for r in records:
         if r["encoding"] == row and r["eval_len"] == r["train_len"] and _early_late(r) is not None:
             late = [b["loss"] for b in r["loss_by_position"] if b["start"] >= r["eval_len"] // 2]
             if len(late) > 1:
-                m = sum(late) / len(late)
-                sds.append((sum((x - m) ** 2 for x in late) / (len(late) - 1)) ** 0.5)
+                sds.append((sum((y - x) ** 2 for x, y in zip(late, late[1:])) / (2 * (len(late) - 1))) ** 0.5)
     return mean(sds) if sds else None
 
 

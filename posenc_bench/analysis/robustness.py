@@ -9,7 +9,7 @@ tokenizer's). From those files alone (``posenc-bench report SETTING... --robustn
 - **the ranking's agreement**: Kendall's tau-b between the settings' rankings of the rows by mean ppl at the
   longest length, on the rows both hold, with the pairs whose order flips;
 - **context use**: each row's 1x loss over its first positions minus over the second half of its window, per
-  setting (``analysis/context.py``); a row below PLATEAU_MARGIN is flagged there, and its cells in the ratio
+  setting (``analysis/context.py``), with the measure's noise scale there; a row below PLATEAU_MARGIN is flagged there, and its cells in the ratio
   table are marked, since a flat 4x / 1x from a model that predicts from local context says little about its
   encoding. Positions are the setting's tokens: with a subword tokenizer the first bucket spans several times the
   text it spans with bytes, so the columns of two tokenizers measure different spans;
@@ -168,9 +168,9 @@ def _context_block(settings: list[Setting], rows: list[str]) -> str:
             "first positions of the window minus the loss over its second half, nats a token, the mean over the "
             f"row's seeds; below {PLATEAU_MARGIN:g} the row is flagged ({PLATEAU_MARK}) as not using context past "
             "its first positions. Positions are the setting's tokens, so settings with different tokenizers "
-            "measure different spans of text. The last line is the measure's noise scale: the standard deviation of "
-            "the second-half position buckets (their text differs), the mean over rows; a gap within a few of it "
-            "is not measured by that setting's eval text:\n")
+            "measure different spans of text. The last line is the measure's noise scale: "
+            "how much neighbouring position buckets of the second half scatter (their text differs), the mean over "
+            "rows; a gap within a few of it is not measured by that setting's eval text:\n")
     table = ["| row | " + " | ".join(f"{s.label} ({spans[s.label]})" for s in settings) + " |",
              "|---|" + "---|" * len(settings)]
     for row in rows:
@@ -184,7 +184,7 @@ def _context_block(settings: list[Setting], rows: list[str]) -> str:
     for s in settings:
         got = [x for row in rows if (x := late_spread(s.run.data["records"], row)) is not None]
         spreads.append(f"{sum(got) / len(got):.3f}" if got else "n/a")
-    table.append("| (bucket spread, sd) | " + " | ".join(spreads) + " |")
+    table.append("| (bucket scatter) | " + " | ".join(spreads) + " |")
     flagged = [f"{s.label}: {', '.join(r for r in rows if on_plateau(s.run.data['records'], r))}" for s in settings
                if any(on_plateau(s.run.data["records"], r) for r in rows)]
     tail = ("Flagged: " + "; ".join(flagged) + ".") if flagged else "No row is flagged in any setting."

@@ -29,9 +29,9 @@ def test_training_table_reads_curves_and_positions():
     assert context_use([r], "rope") == (2.0, 1.25) and context_positions([r], "rope") == ("0-9", "50-99")
 
 
-def test_late_spread_is_the_sd_of_the_second_half_buckets_mean_over_seeds():
+def test_late_spread_is_the_scatter_of_neighbouring_second_half_buckets_mean_over_seeds():
     recs = []
-    for seed, losses in enumerate([(2.0, 1.5, 1.2, 1.4), (2.0, 9.0, 1.0, 1.0)]):  # second halves: sd 0.1414, then 0
+    for seed, losses in enumerate([(2.0, 1.5, 1.2, 1.4), (2.0, 9.0, 1.0, 1.0)]):  # second halves: 0.1414, then 0
         r = rec("rope", seed, 100, 4.0)
         r["loss_by_position"] = [{"start": 25 * i, "end": 25 * (i + 1), "loss": x, "tokens": 5}
                                  for i, x in enumerate(losses)]
@@ -39,6 +39,11 @@ def test_late_spread_is_the_sd_of_the_second_half_buckets_mean_over_seeds():
     assert late_spread(recs[:1], "rope") == approx(0.1414, abs=1e-4)  # buckets 50-74 and 75-99 only
     assert late_spread(recs, "rope") == approx(0.0707, abs=1e-4)  # bucket 25-49's 9.0 is in the first half
     assert late_spread(recs, "alibi") is None
+    trend = rec("nope", 0, 100, 4.0)  # rising by 0.1 a bucket: sd 0.129, neighbours' scatter 0.0707
+    trend["loss_by_position"] = [{"start": 20 * i, "end": 20 * (i + 1), "loss": x, "tokens": 5}
+                                 for i, x in enumerate((2.0, 1.9, 1.0, 1.1, 1.2))]
+    trend["loss_by_position"][2]["start"] = 50  # buckets from 50 on: 1.0, 1.1, 1.2 -> half of 0.01, rooted
+    assert late_spread([trend], "nope") == approx(0.0707, abs=1e-4)
 
 
 def test_training_table_is_the_mean_over_seeds_that_the_plateau_flag_reads():

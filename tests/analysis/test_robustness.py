@@ -77,7 +77,7 @@ def test_a_row_flagged_by_the_plateau_check_in_one_setting_is_marked_there_only(
     assert robustness.PLATEAU_MARK not in ratio["| a"] + ratio["| c"]
     assert "| head (positions 0-7 vs 50-99) | bpe (positions 0-7 vs 50-99) |" in text
     assert f"| b | 0.200 | 0.030 {robustness.PLATEAU_MARK} |" in text and "| c | 0.200 | 0.100 |" in text
-    assert "| (bucket spread, sd) | n/a | n/a |" in text  # one bucket in the second half: no spread
+    assert "| (bucket scatter) | n/a | n/a |" in text  # one bucket in the second half: no spread
     assert "Flagged: bpe: b." in text
     assert "No row is flagged in any setting." in robustness.markdown(load_runs([head, head]))
 
