@@ -9,10 +9,11 @@ tokenizer's). From those files alone (``posenc-bench report SETTING... --robustn
 - **the ranking's agreement**: Kendall's tau-b between the settings' rankings of the rows by mean ppl at the
   longest length, on the rows both hold, with the pairs whose order flips;
 - **context use**: each row's 1x loss over its first positions minus over the second half of its window, per
-  setting (``analysis/context.py``), with the measure's noise scale there; a row below PLATEAU_MARGIN is flagged there, and its cells in the ratio
-  table are marked, since a flat 4x / 1x from a model that predicts from local context says little about its
-  encoding. Positions are the setting's tokens: with a subword tokenizer the first bucket spans several times the
-  text it spans with bytes, so the columns of two tokenizers measure different spans;
+  setting (``analysis/context.py``), with the measure's noise scale there; a row below PLATEAU_MARGIN is flagged
+  there, and its cells in the ratio table are marked, since a flat 4x / 1x from a model that predicts from local
+  context says little about its encoding. Positions are the setting's tokens: with a subword tokenizer the first
+  bucket spans several times the text it spans with bytes, so the columns of two tokenizers measure different
+  spans;
 - **the claims**: every finding of the claims run (``analysis/findings.py``, by default the first setting) at its
   longest length, between rows all settings hold, checked in each setting: *holds* (the setting's interval
   supports it too), *reversed* (it supports the opposite), or not shown there, said with the direction of its
