@@ -154,6 +154,25 @@ def test_a_later_sweep_of_more_seeds_for_some_rows_merges_with_the_first(sweeps,
     assert f"(no {more}/results.shard-2-of-2.json)" in capsys.readouterr().err
 
 
+def test_one_seed_at_a_time_into_the_same_shard_folder_merges_as_one_sweep(sweeps, tmp_path, capsys):
+    """The robustness cells' shape: `--seeds 0,` as two shards, then `--seeds 1,` into the same folder; the shard
+    files hold both seeds, the folder's config every seed, and the merge equals the single run."""
+    data = ["--data", str(sweeps / "corpus"), "--set", "data.test_fraction=0.3", "--set", "data.valid_fraction=0"]
+    folder = tmp_path / "cells"
+    for seed in (0, 1):
+        for i in (1, 2):
+            assert main(["run", *TINY, *data, "--seeds", f"{seed},", "--shard", f"{i}/2", "--out", str(folder)]) == 0
+    capsys.readouterr()
+    assert "seeds:\n- 0\n- 1\n" in (folder / "config.yaml").read_text()
+    assert main(["merge", str(folder), "--out", str(tmp_path / "m")]) == 0
+    assert "merged 6 cell(s) from 2 file(s)" in capsys.readouterr().out
+    merged = json.loads((tmp_path / "m" / "results.json").read_text())
+    single = {(r["encoding"], r["seed"], r["eval_len"]): r["ppl"]
+              for r in json.loads((sweeps / "single" / "results.json").read_text())["records"]}
+    got = {(r["encoding"], r["seed"], r["eval_len"]): r["ppl"] for r in merged["records"]}
+    assert got == single and merged["run"]["config"]["seeds"] == [0, 1]
+
+
 def test_merge_notes_inputs_from_different_commits(sweeps, tmp_path, capsys):
     for i in (1, 2, 3):
         data = json.loads((sweeps / "shared" / f"results.shard-{i}-of-3.json").read_text())
