@@ -207,13 +207,17 @@ def _claims_block(claims: Setting, settings: list[Setting], rows: list[str]) -> 
         return head + "\n(no claim at that length)\n"
     table = ["| claim | " + " | ".join(s.label for s in settings) + " | in every setting |",
              "|---|" + "---|" * (len(settings) + 1)]
-    every = reversed_ = 0
+    every, reversed_ = 0, []
     for f, kind in items:
         checked = [_check(s, f, kind) for s in settings]
         holds = all(c.status == HOLDS and c.level != CHECKPOINT for c in checked)
         every += holds
-        reversed_ += any(c.status == REVERSED for c in checked)
+        where = [s.label + (" for this checkpoint" if c.level == CHECKPOINT else "")
+                 for s, c in zip(settings, checked) if c.status == REVERSED]
+        if where:
+            reversed_.append(f"{_claim_text(f, kind).split(':')[0]} (in {', '.join(where)})")
         table.append(f"| {_claim_text(f, kind)} | " + " | ".join(c.cell() for c in checked)
                      + f" | {'yes' if holds else 'no'} |")
-    return (head + f"\n{every} of {len(items)} claims hold in every setting; {reversed_} are reversed in at least "
-            "one.\n\n" + "\n".join(table) + "\n")
+    which = f": {'; '.join(reversed_)}" if reversed_ else ""
+    return (head + f"\n{every} of {len(items)} claims hold in every setting; {len(reversed_)} are reversed in at "
+            f"least one{which}.\n\n" + "\n".join(table) + "\n")

@@ -62,6 +62,7 @@ def test_each_claim_holds_reverses_or_is_not_shown_in_each_setting(tmp_path):
     line = next(ln for ln in text.splitlines() if ln.startswith("| a < c (ratio to 1x)"))
     assert line.endswith("| no |") and "| holds 0." in line and "| reversed 2." in line and "| same way, not shown 0.9" in line
     assert "claims hold in every setting" in text
+    assert "reversed in at least one: " in text and "a < c (ratio to 1x) (in flipped)" in text
     only_two = robustness.markdown(runs[:2])
     assert "| a < c (ratio to 1x)" in only_two and all(
         ln.endswith("| yes |") for ln in only_two.splitlines() if ln.startswith("| a < c"))
@@ -129,3 +130,5 @@ def test_a_setting_with_one_seed_speaks_for_its_checkpoint_and_no_claim_holds_ev
     assert "0 of " in text and "claims hold in every setting" in text
     row_a = next(ln for ln in text.splitlines() if ln.startswith("| a | "))
     assert row_a.count("(this checkpoint)") == 1  # the one-seed setting's ratio, not the three-seed one's
+    flipped = setting(tmp_path / "flip1", {"a": 1.60, "b": 1.30, "c": 1.10}, seeds=(0,))
+    assert "a < c (ratio to 1x) (in flip1 for this checkpoint)" in robustness.markdown(load_runs([head, flipped]))
