@@ -251,22 +251,17 @@ def plot_robustness(runs: Sequence[Run], out: Path, formats: Sequence[str] = FOR
     width = 0.8 / len(settings)
     flagged_any = False
     for i, s in enumerate(settings):
-        pts = {False: ([], [], [[], []]), True: ([], [], [[], []])}  # on the plateau -> (xs, ys, errors)
+        color, label = style(i)["color"], f"{s.label} ({s.longest // s.T}x)"
         for j, row in enumerate(rows):
             got = s.iv.interval("ratio", row, s.longest)
             if got is None or not math.isfinite(got.value):
                 continue
-            xs, ys, err = pts[on_plateau(s.run.data["records"], row)]
-            xs.append(j - 0.4 + width * (i + 0.5))
-            ys.append(got.value)
-            err[0].append(max(0.0, got.value - got.lo))
-            err[1].append(max(0.0, got.hi - got.value))
-        color = style(i)["color"]
-        ax.errorbar(*pts[False][:2], yerr=pts[False][2], fmt="o", capsize=3, color=color,
-                    label=f"{s.label} ({s.longest // s.T}x)")
-        if pts[True][0]:  # hollow: the plateau check flags the row in this setting
-            flagged_any = True
-            ax.errorbar(*pts[True][:2], yerr=pts[True][2], fmt="o", capsize=3, color=color, markerfacecolor="none")
+            flat = on_plateau(s.run.data["records"], row)  # hollow: the plateau check flags the row in this setting
+            flagged_any |= flat
+            ax.errorbar([j - 0.4 + width * (i + 0.5)], [got.value], fmt="o", capsize=3, color=color, label=label,
+                        yerr=[[max(0.0, got.value - got.lo)], [max(0.0, got.hi - got.value)]],
+                        markerfacecolor="none" if flat else color)
+            label = "_nolegend_"  # one legend entry a setting
     ax.axhline(1.0, color="0.5", linewidth=0.8)
     ax.set_xticks(range(len(rows)), rows, rotation=30, ha="right")
     ax.set_ylabel("ppl at the longest length / ppl at 1x")
