@@ -6,6 +6,7 @@ tokenizer's). From those files alone (``posenc-bench report SETTING... --robustn
 - **the ratio table**: each row's ppl at its longest length over its own 1x, per setting, with the interval of
   ``analysis/intervals.py`` (seed level with two seeds or more; the t quantile of k - 1 degrees of freedom makes
   two seeds' intervals wide: 12.7 standard errors at 95%);
+- **bits per byte** at 1x and at the longest length, per setting: the unit two tokenizers share;
 - **the ranking's agreement**: Kendall's tau-b between the settings' rankings of the rows by mean ppl at the
   longest length, on the rows both hold, with the pairs whose order flips;
 - **context use**: each row's 1x loss over its first positions minus over the second half of its window, per
@@ -146,7 +147,7 @@ def markdown(settings_runs: Sequence[Run], claims_run: Optional[Run] = None, *, 
             cells.append("n/a" if got is None or not math.isfinite(got.value)
                          else f"{got.value:.2f} [{got.lo:.2f}, {got.hi:.2f}]{one_seed}{flat}")
         out.append(f"| {row} | " + " | ".join(cells) + " |")
-    out += ["", _context_block(settings, rows)]
+    out += ["", _context_block(settings, rows), "", _bpb_block(settings, rows)]
     means = {s.label: s.ppl_means(rows) for s in settings}
     out += ["", "Rankings by mean ppl at the longest length (best first):\n"]
     out += [f"- {label}: " + " < ".join(sorted(m, key=m.get)) for label, m in means.items()]
@@ -157,6 +158,21 @@ def markdown(settings_runs: Sequence[Run], claims_run: Optional[Run] = None, *, 
         out.append(f"- {a.label} vs {b.label}: tau {tau:.2f} over {n} rows; flips: {flipped}")
     out += ["", _claims_block(claims, settings, rows)]
     return "\n".join(out) + "\n"
+
+
+def _bpb_block(settings: list[Setting], rows: list[str]) -> str:
+    """Each row's bits per byte at 1x and at the longest length per setting: the one unit two tokenizers share."""
+    head = ("Bits per byte at 1x and at the longest length (the mean over the row's seeds): the measure two "
+            "tokenizers share. Each setting scores its own eval text (the same test speeches, cut into segments of "
+            "its tokens), so across tokenizers the texts overlap but are not the same:\n")
+    table = ["| row | " + " | ".join(s.label for s in settings) + " |", "|---|" + "---|" * len(settings)]
+    for row in rows:
+        cells = []
+        for s in settings:
+            at = [s.iv.interval("bpb", row, L) for L in (s.T, s.longest)]
+            cells.append("n/a" if None in at else f"{at[0].value:.3f} -> {at[1].value:.3f}")
+        table.append(f"| {row} | " + " | ".join(cells) + " |")
+    return head + "\n" + "\n".join(table)
 
 
 def _context_block(settings: list[Setting], rows: list[str]) -> str:

@@ -1,5 +1,7 @@
 """`report --robustness`: ratio table, Kendall's tau and each claim checked per setting (analysis/robustness.py)."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -57,6 +59,10 @@ def test_each_claim_holds_reverses_or_is_not_shown_in_each_setting(tmp_path):
     assert check.status == robustness.SAME_WAY and check.got.lo < 1 < check.got.hi  # two seeds that disagree: not shown
     text = robustness.markdown(runs)
     assert "| a | 1.16 [" in text and "| c | 2.4" in text  # ppl ratios: exp(0.1 x loss 1.5), exp(0.6 x 1.5)
+    a_bpb = next(ln for ln in text.splitlines() if ln.startswith("| a | ") and "->" in ln)
+    head_1x, head_4x = map(float, a_bpb.split(" | ")[1].split(" -> "))  # about 1.5 nats a byte: 2.16 bits
+    assert a_bpb.count(" -> ") == 4 and 2.0 < head_1x < 2.3 and head_4x - head_1x == pytest.approx(
+        0.15 / math.log(2), abs=0.01)  # 4x: NLL x 1.10, 0.15 nats a byte more
     assert "- head vs same: tau 1.00 over 3 rows; flips: none" in text
     assert "- head vs flipped: tau -1.00 over 3 rows" in text and "a < c in head, not in flipped" in text
     line = next(ln for ln in text.splitlines() if ln.startswith("| a < c (ratio to 1x)"))
