@@ -6,15 +6,15 @@ tokenizer's). From those files alone (``posenc-bench report SETTING... --robustn
 - **the ratio table**: each row's ppl at its longest length over its own 1x, per setting, with the interval of
   ``analysis/intervals.py`` (seed level with two seeds or more; the t quantile of k - 1 degrees of freedom makes
   two seeds' intervals wide: 12.7 standard errors at 95%);
-- **bits per byte** at 1x and at the longest length, per setting: the unit two tokenizers share;
-- **the ranking's agreement**: Kendall's tau-b between the settings' rankings of the rows by mean ppl at the
-  longest length, on the rows both hold, with the pairs whose order flips;
 - **context use**: each row's 1x loss over its first positions minus over the second half of its window, per
   setting (``analysis/context.py``), with the measure's noise scale there; a row below PLATEAU_MARGIN is flagged
   there, and its cells in the ratio table are marked, since a flat 4x / 1x from a model that predicts from local
   context says little about its encoding. Positions are the setting's tokens: with a subword tokenizer the first
   bucket spans several times the text it spans with bytes, so the columns of two tokenizers measure different
   spans;
+- **bits per byte** at 1x and at the longest length, per setting: the unit two tokenizers share;
+- **the ranking's agreement**: Kendall's tau-b between the settings' rankings of the rows by mean ppl at the
+  longest length, on the rows both hold, with the pairs whose order flips;
 - **the claims**: every finding of the claims run (``analysis/findings.py``, by default the first setting) at its
   longest length, between rows all settings hold, checked in each setting: *holds* (the setting's interval
   supports it too), *reversed* (it supports the opposite), or not shown there, said with the direction of its
@@ -38,7 +38,7 @@ from posenc_bench.analysis.intervals import CHECKPOINT, CI, MIN_EFFECT, Interval
 from posenc_bench.analysis.tables import Run, row_order, train_len
 
 HOLDS, REVERSED, SAME_WAY, OTHER_WAY, MISSING = "holds", "reversed", "same way, not shown", "other way, not shown", "n/a"
-PLATEAU_MARK = "†"  # on a cell: the row does not use its context in that setting (context.on_plateau)
+PLATEAU_MARK = "†"  # on a cell: the plateau check flags the row in that setting (context.on_plateau)
 
 
 @dataclass
