@@ -44,13 +44,18 @@ PLATEAU_NOTE = ("uses only local context: at 1x its loss over positions {late} i
                 "over positions {early}, so its extrapolation numbers say little about the encoding")
 
 
+def _late_buckets(rec: dict) -> list[dict]:
+    """One record's position buckets over the second half of its window."""
+    return [b for b in rec.get("loss_by_position") or [] if b["start"] >= rec["eval_len"] // 2]
+
+
 def _early_late(rec: dict) -> Optional[tuple[float, float]]:
     """One record's loss in its first position bucket and over the second half of its window."""
-    by_pos = rec.get("loss_by_position") or []
-    late = [b for b in by_pos if b["start"] >= rec["eval_len"] // 2]
+    late = _late_buckets(rec)
     if rec["status"] != "ok" or not late:
         return None
-    return by_pos[0]["loss"], sum(b["loss"] * b["tokens"] for b in late) / sum(b["tokens"] for b in late)
+    first = rec["loss_by_position"][0]["loss"]
+    return first, sum(b["loss"] * b["tokens"] for b in late) / sum(b["tokens"] for b in late)
 
 
 def context_use(records: list[dict], row: str) -> Optional[tuple[float, float]]:
@@ -72,7 +77,7 @@ def late_spread(records: list[dict], row: str) -> Optional[float]:
     sds = []
     for r in records:
         if r["encoding"] == row and r["eval_len"] == r["train_len"] and _early_late(r) is not None:
-            late = [b["loss"] for b in r["loss_by_position"] if b["start"] >= r["eval_len"] // 2]
+            late = [b["loss"] for b in _late_buckets(r)]
             if len(late) > 1:
                 sds.append((sum((y - x) ** 2 for x, y in zip(late, late[1:])) / (2 * (len(late) - 1))) ** 0.5)
     return mean(sds) if sds else None

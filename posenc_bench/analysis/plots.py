@@ -24,7 +24,6 @@ from posenc_bench import encodings  # noqa: E402
 from posenc_bench.bench.rows import Row, select_rows  # noqa: E402
 from posenc_bench.errors import PosencError  # noqa: E402
 from posenc_bench.analysis.intervals import Intervals  # noqa: E402
-from posenc_bench.analysis.context import on_plateau  # noqa: E402
 from posenc_bench.analysis.captions import short_caption  # noqa: E402
 from posenc_bench.analysis.seeds import RATIO, mean_std, over_seeds, with_ratio_to_1x  # noqa: E402
 from posenc_bench.analysis.tables import Run, is_task, row_order, train_len  # noqa: E402
@@ -256,7 +255,7 @@ def plot_robustness(runs: Sequence[Run], out: Path, formats: Sequence[str] = FOR
             got = s.iv.interval("ratio", row, s.longest)
             if got is None or not math.isfinite(got.value):
                 continue
-            flat = on_plateau(s.run.data["records"], row)  # hollow: the plateau check flags the row in this setting
+            flat = row in s.flat  # hollow: the plateau check flags the row in this setting
             flagged_any |= flat
             ax.errorbar([j - 0.4 + width * (i + 0.5)], [got.value], fmt="o", capsize=3, color=color, label=label,
                         yerr=[[max(0.0, got.value - got.lo)], [max(0.0, got.hi - got.value)]],

@@ -32,13 +32,13 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Optional, Sequence
 
-from posenc_bench.analysis.context import PLATEAU_MARGIN, context_positions, context_use, late_spread, on_plateau
+from posenc_bench.analysis.context import PLATEAU_MARGIN, context_positions, context_use, late_spread, plateau_rows
 from posenc_bench.analysis.findings import Finding, run_findings
 from posenc_bench.analysis.intervals import CHECKPOINT, CI, MIN_EFFECT, Interval, Intervals
 from posenc_bench.analysis.tables import Run, row_order, train_len
 
 HOLDS, REVERSED, SAME_WAY, OTHER_WAY, MISSING = "holds", "reversed", "same way, not shown", "other way, not shown", "n/a"
-PLATEAU_MARK = "†"  # on a cell: the plateau check flags the row in that setting (context.on_plateau)
+PLATEAU_MARK = "†"  # on a cell: the plateau check flags the row in that setting (Setting.flat)
 
 
 @dataclass
@@ -47,11 +47,14 @@ class Setting:
     iv: Intervals
     T: int  # train length
     longest: int  # longest eval length
+    flat: frozenset[str]  # the rows the plateau check flags here (context.plateau_rows)
 
     @classmethod
     def of(cls, run: Run, ci: float) -> "Setting":
-        lengths = sorted({r["eval_len"] for r in run.data["records"]})
-        return cls(run, Intervals(run.data["records"], ci=ci), train_len(run.data["run"]), lengths[-1])
+        records = run.data["records"]
+        lengths = sorted({r["eval_len"] for r in records})
+        return cls(run, Intervals(records, ci=ci), train_len(run.data["run"]), lengths[-1],
+                   frozenset(plateau_rows(records)))
 
     @property
     def label(self) -> str:
@@ -124,11 +127,14 @@ def _check(setting: Setting, f: Finding, kind: str) -> Check:
     return Check(SAME_WAY if up == want_up else OTHER_WAY, got, level)
 
 
+def _claim_what(f: Finding, kind: str) -> str:
+    return {"between": f"{f.better} < {f.worse} (ppl)", "from_1x": f"{f.better} vs its 1x",
+            "extrapolation": f"{f.better} < {f.worse} (ratio to 1x)"}[kind]
+
+
 def _claim_text(f: Finding, kind: str) -> str:
     i = f.comparison.interval
-    what = {"between": f"{f.better} < {f.worse} (ppl)", "from_1x": f"{f.better} vs its 1x",
-            "extrapolation": f"{f.better} < {f.worse} (ratio to 1x)"}[kind]
-    return f"{what}: {i.value:.3f} [{i.lo:.3f}, {i.hi:.3f}]"
+    return f"{_claim_what(f, kind)}: {i.value:.3f} [{i.lo:.3f}, {i.hi:.3f}]"
 
 
 def markdown(settings_runs: Sequence[Run], claims_run: Optional[Run] = None, *, ci: float = CI) -> str:
@@ -143,7 +149,7 @@ def markdown(settings_runs: Sequence[Run], claims_run: Optional[Run] = None, *, 
         for s in settings:
             got = s.iv.interval("ratio", row, s.longest)
             one_seed = " (this checkpoint)" if s.iv.level(row, s.longest) == CHECKPOINT else ""
-            flat = f" {PLATEAU_MARK}" if on_plateau(s.run.data["records"], row) else ""
+            flat = f" {PLATEAU_MARK}" if row in s.flat else ""
             cells.append("n/a" if got is None or not math.isfinite(got.value)
                          else f"{got.value:.2f} [{got.lo:.2f}, {got.hi:.2f}]{one_seed}{flat}")
         out.append(f"| {row} | " + " | ".join(cells) + " |")
@@ -194,16 +200,15 @@ def _context_block(settings: list[Setting], rows: list[str]) -> str:
         cells = []
         for s in settings:
             use = context_use(s.run.data["records"], row)
-            cells.append("n/a" if use is None else f"{use[0] - use[1]:.3f}"
-                         + (f" {PLATEAU_MARK}" if on_plateau(s.run.data["records"], row) else ""))
+            flat = f" {PLATEAU_MARK}" if row in s.flat else ""
+            cells.append("n/a" if use is None else f"{use[0] - use[1]:.3f}{flat}")
         table.append(f"| {row} | " + " | ".join(cells) + " |")
     spreads = []
     for s in settings:
         got = [x for row in rows if (x := late_spread(s.run.data["records"], row)) is not None]
         spreads.append(f"{sum(got) / len(got):.3f}" if got else "n/a")
     table.append("| (bucket scatter) | " + " | ".join(spreads) + " |")
-    flagged = [f"{s.label}: {', '.join(r for r in rows if on_plateau(s.run.data['records'], r))}" for s in settings
-               if any(on_plateau(s.run.data["records"], r) for r in rows)]
+    flagged = [f"{s.label}: {', '.join(r for r in rows if r in s.flat)}" for s in settings if s.flat & set(rows)]
     tail = ("Flagged: " + "; ".join(flagged) + ".") if flagged else "No row is flagged in any setting."
     return head + "\n" + "\n".join(table) + "\n\n" + tail
 
@@ -231,7 +236,7 @@ def _claims_block(claims: Setting, settings: list[Setting], rows: list[str]) -> 
         where = [s.label + (" for this checkpoint" if c.level == CHECKPOINT else "")
                  for s, c in zip(settings, checked) if c.status == REVERSED]
         if where:
-            reversed_.append(f"{_claim_text(f, kind).split(':')[0]} (in {', '.join(where)})")
+            reversed_.append(f"{_claim_what(f, kind)} (in {', '.join(where)})")
         table.append(f"| {_claim_text(f, kind)} | " + " | ".join(c.cell() for c in checked)
                      + f" | {'yes' if holds else 'no'} |")
     which = f": {'; '.join(reversed_)}" if reversed_ else ""
