@@ -176,6 +176,16 @@ def test_a_run_keeps_its_bpe_resumes_with_it_and_refuses_another_vocab(tmp_path,
     assert "done before, skipped" in capsys.readouterr().out
     assert run(tmp_path, *args[:-1], "data.tokenizer=bpe-600") == 2
     assert "vocab_size: 512 there, 600 now" in capsys.readouterr().err
+    # merge keeps the BPE beside the merged results, and says so when no input folder holds it
+    assert main(["merge", str(out), "--out", str(tmp_path / "merged")]) == 0
+    assert BPETokenizer.from_json((tmp_path / "merged" / file_name("bpe-512")).read_text(), 512).json == tok.json
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "results.json").write_bytes((out / "results.json").read_bytes())
+    capsys.readouterr()
+    assert main(["merge", str(alone), "--out", str(tmp_path / "merged-alone")]) == 0
+    assert "no input folder holds the bpe-512" in capsys.readouterr().err
+    assert not (tmp_path / "merged-alone" / file_name("bpe-512")).exists()
     assert main(["eval", "--model", str(out / "checkpoints" / "rope-seed0"), "--eval-tokens", "512",
                  "--out", str(tmp_path / "ev"), "--progress", "off"]) == 0  # the checkpoint's BPE, from its folder
     ev = json.loads((tmp_path / "ev" / "results.json").read_text())
@@ -189,3 +199,5 @@ def test_a_run_keeps_its_bpe_resumes_with_it_and_refuses_another_vocab(tmp_path,
     assert main(["eval", "--model", str(out / "checkpoints" / "rope-seed0"), "--out", str(tmp_path / "ev2"),
                  "--progress", "off"]) == 2
     assert "was trained with tokenizer" in capsys.readouterr().err
+    assert main(["merge", str(out), "--out", str(tmp_path / "merged-other")]) == 2  # not the BPE of its results
+    assert f"but the results were made with {tok.fingerprint}" in capsys.readouterr().err

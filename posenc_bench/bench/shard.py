@@ -187,10 +187,35 @@ def merge_into(files: list[Path], out: Path, partial: bool = False) -> tuple[dic
     data, missing, absent = merge_results(files, out)
     if missing and not partial:
         raise ResultsError(f"{missing_cells(missing, absent)}; run them, or merge with --partial")
+    bpe = kept_tokenizer(files, out, data["run"])
     with ResultsFolder(out):
         atomic_write_json(out / "results.json", data)
         atomic_write_text(out / "config.yaml", yaml.safe_dump(data["run"]["config"], sort_keys=False))
+        if bpe is not None and bpe.parent.resolve() != out.resolve():
+            atomic_write_text(out / bpe.name, bpe.read_text())
     return data, missing, absent
+
+
+def kept_tokenizer(files: list[Path], out: Path, run: dict) -> Optional[Path]:
+    """The BPE file the merged results were made with (``tokenizer.file_name``), from the inputs' folders or
+    ``out``, so the merged folder keeps it for resume, eval and gate; None for bytes or when no folder has it.
+    Every copy found must have the fingerprint the runs recorded: another BPE there is refused."""
+    from posenc_bench.tokenizer import BPETokenizer, file_name, vocab_size_of
+
+    if not run.get("tokenizer"):
+        return None
+    name, want = run["tokenizer"]["name"], run["tokenizer"]["fingerprint"]
+    found = None
+    for folder in dict.fromkeys([out, *(f.parent for f in files)]):
+        path = folder / file_name(name)
+        if not path.is_file():
+            continue
+        got = BPETokenizer.from_json(path.read_text(), vocab_size_of(name)).fingerprint
+        if got != want:
+            raise ResultsError(f"{str(path)!r} is the {name} with fingerprint {got}, but the results were made with "
+                               f"{want}; remove it or merge into another folder")
+        found = found or path
+    return found
 
 
 def missing_cells(missing: list[str], absent: list[str]) -> str:

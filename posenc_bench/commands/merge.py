@@ -20,6 +20,7 @@ def cmd(args: argparse.Namespace) -> int:
 
     from posenc_bench.analysis.report import results_markdown, write_tables
     from posenc_bench.bench.shard import find_inputs, merge_into, missing_cells
+    from posenc_bench.tokenizer import file_name
 
     files = find_inputs(args.inputs)
     out = Path(args.out)
@@ -30,6 +31,11 @@ def cmd(args: argparse.Namespace) -> int:
     print(f"\nmerged {cells} cell(s) from {len(files)} file(s) into {out}/results.json, results.csv, table.md")
     if missing:
         print(f"posenc-bench merge: warning: {missing_cells(missing, absent)}", file=sys.stderr)
+    tok = data["run"].get("tokenizer")
+    if tok and not (out / file_name(tok["name"])).is_file():
+        print(f"posenc-bench merge: warning: no input folder holds the {tok['name']} these results were made with "
+              f"({file_name(tok['name'])}, fingerprint {tok['fingerprint']}); copy it into {out} before a run, eval "
+              "or gate reads that folder", file=sys.stderr)
     for what in ("git_commit", "device"):
         seen = sorted({m[what] for m in data["run"]["merged_from"]})
         if len(seen) > 1:  # allowed (each record keeps its own), but worth knowing

@@ -22,6 +22,10 @@ export ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDN
 for cell in "0 robustness-bpe bpe-4096" "0 robustness-large large" "1 robustness-bpe bpe-4096" \
             "1 robustness-large large" "0 robustness-bpe-large bpe-4096-large" "1 robustness-bpe-large bpe-4096-large"; do
   read -r seed cfg dir <<< "$cell"
+  # both BPE settings read one BPE: setting C's file, copied into E's folder before E's first model
+  if [ "$dir" = bpe-4096-large ] && [ ! -f "$OUT/$dir/tokenizer-bpe-4096.json" ]; then
+    mkdir -p "$OUT/$dir" && cp "$OUT/bpe-4096/tokenizer-bpe-4096.json" "$OUT/$dir/"
+  fi
   # the first shard into a new BPE folder trains its tokenizer; the second waits for it (one writer of the file)
   if [ "$S" = 2 ] && [[ $cfg == *bpe* ]] && [ ! -d "$OUT/$dir" ]; then sleep 120; fi
   nice -n 19 python -m posenc_bench.commands.cli run --config "$cfg" --seeds "$seed," --threads 1 --progress off \
