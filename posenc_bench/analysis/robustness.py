@@ -228,17 +228,21 @@ def _claims_block(claims: Setting, settings: list[Setting], rows: list[str]) -> 
         return head + "\n(no claim at that length)\n"
     table = ["| claim | " + " | ".join(s.label for s in settings) + " | in every setting |",
              "|---|" + "---|" * (len(settings) + 1)]
-    every, reversed_ = 0, []
+    every, same_way, reversed_ = 0, 0, []
     for f, kind in items:
         checked = [_check(s, f, kind) for s in settings]
         holds = all(c.status == HOLDS and c.level != CHECKPOINT for c in checked)
-        every += holds
+        # the claim's way in every setting, but not shown at the seed level in some: a checkpoint's word, or
+        # an interval too wide (few seeds) or an effect too small there
+        same = not holds and all(c.status in (HOLDS, SAME_WAY) for c in checked)
+        every, same_way = every + holds, same_way + same
         where = [s.label + (" for this checkpoint" if c.level == CHECKPOINT else "")
                  for s, c in zip(settings, checked) if c.status == REVERSED]
         if where:
             reversed_.append(f"{_claim_what(f, kind)} (in {', '.join(where)})")
         table.append(f"| {_claim_text(f, kind)} | " + " | ".join(c.cell() for c in checked)
-                     + f" | {'yes' if holds else 'no'} |")
+                     + f" | {'yes' if holds else 'same way' if same else 'no'} |")
     which = f": {'; '.join(reversed_)}" if reversed_ else ""
-    return (head + f"\n{every} of {len(items)} claims hold in every setting; {len(reversed_)} are reversed in at "
-            f"least one{which}.\n\n" + "\n".join(table) + "\n")
+    return (head + f"\n{every} of {len(items)} claims hold in every setting; {same_way} more point the claim's way "
+            "in every setting without being shown at the seed level in each (*same way* in the last column); "
+            f"{len(reversed_)} are reversed in at least one{which}.\n\n" + "\n".join(table) + "\n")

@@ -1,6 +1,7 @@
 """`report --robustness`: ratio table, Kendall's tau and each claim checked per setting (analysis/robustness.py)."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -132,8 +133,11 @@ def test_a_setting_with_one_seed_speaks_for_its_checkpoint_and_no_claim_holds_ev
     assert check.status == robustness.HOLDS and check.cell().startswith("holds (this checkpoint) 0.")
     text = robustness.markdown(runs)
     line = next(ln for ln in text.splitlines() if ln.startswith("| a < c (ratio to 1x)"))
-    assert "| holds 0." in line and "| holds (this checkpoint) 0." in line and line.endswith("| no |")
-    assert "0 of " in text and "claims hold in every setting" in text
+    assert "| holds 0." in line and "| holds (this checkpoint) 0." in line and line.endswith("| same way |")
+    count = re.search(r"(\d+) of (\d+) claims hold in every setting; (\d+) more point the claim's way", text)
+    claims = [ln for ln in text.splitlines() if ln.startswith("| ") and ln.endswith((" yes |", " same way |", " no |"))]
+    assert count and int(count[1]) == 0 and int(count[2]) == len(claims)  # one seed: nothing holds everywhere
+    assert int(count[3]) == sum(ln.endswith(" same way |") for ln in claims) > 0
     row_a = next(ln for ln in text.splitlines() if ln.startswith("| a | "))
     assert row_a.count("(this checkpoint)") == 1  # the one-seed setting's ratio, not the three-seed one's
     flipped = setting(tmp_path / "flip1", {"a": 1.60, "b": 1.30, "c": 1.10}, seeds=(0,))
