@@ -125,7 +125,10 @@ def test_report_and_plot_bad_input_is_one_line_exit_2(tmp_path, capsys, monkeypa
 TASKS = ["tasks/copy", "tasks/reverse", "tasks/needle", "tasks/addition", "tasks/addition-hints", "tasks/copy-full"]
 
 
-@pytest.mark.parametrize("name", ["default", "full", "sotu-512", "sotu-512-full", "smollm2", *TASKS])
+ROBUSTNESS = ["robustness/bpe-4096"]  # each setting's folder of results/robustness, as it is merged
+
+
+@pytest.mark.parametrize("name", ["default", "full", "sotu-512", "sotu-512-full", "smollm2", *TASKS, *ROBUSTNESS])
 def test_committed_table_md_is_what_report_builds(name):
     folder = ROOT / "results" / name
     assert (folder / "table.md").read_text() == report.render(load_runs([folder]))
