@@ -19,7 +19,9 @@ tokenizer's). From those files alone (``posenc-bench report SETTING... --robustn
   longest length, between rows all settings hold, checked in each setting: *holds* (the setting's interval
   supports it too), *reversed* (it supports the opposite), or not shown there, said with the direction of its
   point estimate (*same way* or *other way*). A setting with one seed of a row has only a checkpoint-level
-  interval (the text's): its cells say "this checkpoint", and the claim does not count as holding there.
+  interval (the text's): its cells say "this checkpoint", and the claim does not count as holding there. A claim
+  that points its way in every setting without holding in each is further told apart by its seeds: *every seed*
+  where each seed of each setting, on its own, points the claim's way too (a count, not an interval).
 
 Ratios to 1x compare across tokenizers as "how much worse at 4x its train length"; absolute ppl does not (a
 token is a byte in one setting and about four in another): compare bits per byte for that.
@@ -98,6 +100,12 @@ class Check:
     status: str
     got: Optional[Interval] = None
     level: Optional[str] = None  # METHOD, or CHECKPOINT: one seed there, about that checkpoint only
+    seeds_agree: int = 0  # how many of the setting's seeds point the claim's way, each on its own
+    seeds: int = 0
+
+    @property
+    def every_seed(self) -> bool:
+        return self.seeds > 0 and self.seeds_agree == self.seeds
 
     def cell(self) -> str:
         if self.got is None:
@@ -117,14 +125,18 @@ def _check(setting: Setting, f: Finding, kind: str) -> Check:
             return Check(MISSING)
         want_up = f.comparison.interval.value > 1
         up, shown = got.value > 1, got.excludes(1.0) and abs(got.value - 1) >= MIN_EFFECT
+        each = iv.seed_values("ratio", f.better, length)
     else:
-        c = iv.compare("ppl" if kind == "between" else "ratio", f.better, f.worse, length)
+        value = "ppl" if kind == "between" else "ratio"
+        c = iv.compare(value, f.better, f.worse, length)
         if c is None:
             return Check(MISSING)
         got, level, want_up, up, shown = c.interval, c.level, False, c.interval.value > 1, c.significant
+        each = iv.seed_values(value, f.better, length, f.worse)
+    agree = int(((each > 1) == want_up).sum())  # each seed's own ratio on the whole text, the claim's way
     if shown:
-        return Check(HOLDS if up == want_up else REVERSED, got, level)
-    return Check(SAME_WAY if up == want_up else OTHER_WAY, got, level)
+        return Check(HOLDS if up == want_up else REVERSED, got, level, agree, len(each))
+    return Check(SAME_WAY if up == want_up else OTHER_WAY, got, level, agree, len(each))
 
 
 def _claim_what(f: Finding, kind: str) -> str:
@@ -228,21 +240,24 @@ def _claims_block(claims: Setting, settings: list[Setting], rows: list[str]) -> 
         return head + "\n(no claim at that length)\n"
     table = ["| claim | " + " | ".join(s.label for s in settings) + " | in every setting |",
              "|---|" + "---|" * (len(settings) + 1)]
-    every, same_way, reversed_ = 0, 0, []
+    every, same_way, every_seed, reversed_ = 0, 0, 0, []
     for f, kind in items:
         checked = [_check(s, f, kind) for s in settings]
         holds = all(c.status == HOLDS and c.level != CHECKPOINT for c in checked)
         # the claim's way in every setting, but not shown at the seed level in some: a checkpoint's word, or
         # an interval too wide (few seeds) or an effect too small there
         same = not holds and all(c.status in (HOLDS, SAME_WAY) for c in checked)
-        every, same_way = every + holds, same_way + same
+        seeds_too = same and all(c.every_seed for c in checked)
+        every, same_way, every_seed = every + holds, same_way + same, every_seed + seeds_too
         where = [s.label + (" for this checkpoint" if c.level == CHECKPOINT else "")
                  for s, c in zip(settings, checked) if c.status == REVERSED]
         if where:
             reversed_.append(f"{_claim_what(f, kind)} (in {', '.join(where)})")
         table.append(f"| {_claim_text(f, kind)} | " + " | ".join(c.cell() for c in checked)
-                     + f" | {'yes' if holds else 'same way' if same else 'no'} |")
+                     + f" | {'yes' if holds else 'same way, every seed' if seeds_too else 'same way' if same else 'no'} |")
     which = f": {'; '.join(reversed_)}" if reversed_ else ""
     return (head + f"\n{every} of {len(items)} claims hold in every setting; {same_way} more point the claim's way "
-            "in every setting without being shown at the seed level in each (*same way* in the last column); "
-            f"{len(reversed_)} are reversed in at least one{which}.\n\n" + "\n".join(table) + "\n")
+            "in every setting without being shown at the seed level in each (*same way* in the last column), "
+            f"{every_seed} of them at every seed of every setting, each seed's own ratio on the whole text (*same "
+            f"way, every seed*: a count, not an interval); {len(reversed_)} are reversed in at least one{which}."
+            "\n\n" + "\n".join(table) + "\n")

@@ -58,6 +58,8 @@ def test_each_claim_holds_reverses_or_is_not_shown_in_each_setting(tmp_path):
     assert robustness._check(settings[2], claim, "extrapolation").status == robustness.REVERSED
     check = robustness._check(settings[3], claim, "extrapolation")
     assert check.status == robustness.SAME_WAY and check.got.lo < 1 < check.got.hi  # two seeds that disagree: not shown
+    assert (check.seeds_agree, check.seeds, check.every_seed) == (1, 2, False)  # seed 1: a 1.10 against c 1.02
+    assert robustness._check(settings[1], claim, "extrapolation").every_seed  # three seeds, each a < c
     text = robustness.markdown(runs)
     assert "| a | 1.16 [" in text and "| c | 2.4" in text  # ppl ratios: exp(0.1 x loss 1.5), exp(0.6 x 1.5)
     a_bpb = next(ln for ln in text.splitlines() if ln.startswith("| a | ") and "->" in ln)
@@ -70,6 +72,8 @@ def test_each_claim_holds_reverses_or_is_not_shown_in_each_setting(tmp_path):
     assert line.endswith("| no |") and "| holds 0." in line and "| reversed 2." in line and "| same way, not shown 0.9" in line
     assert "claims hold in every setting" in text
     assert "reversed in at least one: " in text and "a < c (ratio to 1x) (in flipped)" in text
+    with_noisy = robustness.markdown([runs[0], runs[3]])  # its mean points a's way, one of its two seeds does not
+    assert next(ln for ln in with_noisy.splitlines() if ln.startswith("| a < c (ratio to 1x)")).endswith("| same way |")
     only_two = robustness.markdown(runs[:2])
     assert "| a < c (ratio to 1x)" in only_two and all(
         ln.endswith("| yes |") for ln in only_two.splitlines() if ln.startswith("| a < c"))
@@ -133,11 +137,14 @@ def test_a_setting_with_one_seed_speaks_for_its_checkpoint_and_no_claim_holds_ev
     assert check.status == robustness.HOLDS and check.cell().startswith("holds (this checkpoint) 0.")
     text = robustness.markdown(runs)
     line = next(ln for ln in text.splitlines() if ln.startswith("| a < c (ratio to 1x)"))
-    assert "| holds 0." in line and "| holds (this checkpoint) 0." in line and line.endswith("| same way |")
-    count = re.search(r"(\d+) of (\d+) claims hold in every setting; (\d+) more point the claim's way", text)
-    claims = [ln for ln in text.splitlines() if ln.startswith("| ") and ln.endswith((" yes |", " same way |", " no |"))]
+    assert "| holds 0." in line and "| holds (this checkpoint) 0." in line and line.endswith("| same way, every seed |")
+    count = re.search(r"(\d+) of (\d+) claims hold in every setting; (\d+) more point the claim's way in every "
+                      r"setting .*?, (\d+) of them at every seed of every setting", text)
+    claims = [ln for ln in text.splitlines() if ln.startswith("| ") and ln.endswith((" yes |", " same way |",
+                                                                                     " every seed |", " no |"))]
     assert count and int(count[1]) == 0 and int(count[2]) == len(claims)  # one seed: nothing holds everywhere
-    assert int(count[3]) == sum(ln.endswith(" same way |") for ln in claims) > 0
+    assert int(count[3]) == sum(ln.endswith((" same way |", " every seed |")) for ln in claims) > 0
+    assert int(count[4]) == sum(ln.endswith(" same way, every seed |") for ln in claims) > 0
     row_a = next(ln for ln in text.splitlines() if ln.startswith("| a | "))
     assert row_a.count("(this checkpoint)") == 1  # the one-seed setting's ratio, not the three-seed one's
     flipped = setting(tmp_path / "flip1", {"a": 1.60, "b": 1.30, "c": 1.10}, seeds=(0,))
