@@ -254,7 +254,8 @@ def _claims_block(claims: Setting, settings: list[Setting], rows: list[str]) -> 
         if where:
             reversed_.append(f"{_claim_what(f, kind)} (in {', '.join(where)})")
         table.append(f"| {_claim_text(f, kind)} | " + " | ".join(c.cell() for c in checked)
-                     + f" | {'yes' if holds else 'same way, every seed' if seeds_too else 'same way' if same else 'no'} |")
+                     + f" | {'yes' if holds else 'same way, every seed' if seeds_too else 'same way' if same else 'no'}"
+                     + " |")
     which = f": {'; '.join(reversed_)}" if reversed_ else ""
     return (head + f"\n{every} of {len(items)} claims hold in every setting; {same_way} more point the claim's way "
             "in every setting without being shown at the seed level in each (*same way* in the last column), "
