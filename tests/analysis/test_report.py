@@ -125,7 +125,7 @@ def test_report_and_plot_bad_input_is_one_line_exit_2(tmp_path, capsys, monkeypa
 TASKS = ["tasks/copy", "tasks/reverse", "tasks/needle", "tasks/addition", "tasks/addition-hints", "tasks/copy-full"]
 
 
-ROBUSTNESS = ["robustness/bpe-4096"]  # each setting's folder of results/robustness, as it is merged
+ROBUSTNESS = ["robustness/bpe-4096", "robustness/large"]  # each setting's folder of results/robustness, as it is merged
 
 
 @pytest.mark.parametrize("name", ["default", "full", "sotu-512", "sotu-512-full", "smollm2", *TASKS, *ROBUSTNESS])
