@@ -248,13 +248,6 @@ class Intervals:
         x = self._values(value, (row,), length)
         return None if x is None else within(self._interval(x)[0], SHARE if value in DIFFERENCES else None)
 
-    def seed_values(self, value: str, row: str, length: int, ref: Optional[str] = None) -> Optional[np.ndarray]:
-        """(k,): each seed's ``value`` of ``row`` at ``length`` on the whole text (over ``ref``'s at the same seed
-        when given), for the seeds that have it; None without numbers. The seeds one by one, no interval: what
-        a reader counts as "every seed points the same way"."""
-        x = self._values(value, (row,) if ref is None else (row, ref), length)
-        return None if x is None else x[:, 0]
-
     def level(self, row: str, length: int) -> Optional[str]:
         """The level of ``row``'s own interval at ``length``: METHOD with MIN_SEEDS seeds, else CHECKPOINT."""
         n = self.seeds_measured(row, length)
@@ -311,6 +304,14 @@ class Intervals:
         """Whether some row has a number at some length from fewer than MIN_SEEDS seeds."""
         counts = self._measured.sum(axis=1)  # (R, L)
         return bool(((counts > 0) & (counts < MIN_SEEDS)).any())
+
+
+def seed_values(iv: Intervals, value: str, row: str, length: int, ref: Optional[str] = None) -> Optional[np.ndarray]:
+    """(k,): each seed's ``value`` of ``row`` at ``length`` on the whole text (over ``ref``'s at the same seed when
+    given), for the seeds that have it; None without numbers. The seeds one by one, no interval: what a reader
+    counts as "every seed points the same way"."""
+    x = iv._values(value, (row,) if ref is None else (row, ref), length)
+    return None if x is None else x[:, 0]
 
 
 def _seeds_text(iv: "Intervals") -> str:

@@ -36,7 +36,7 @@ from typing import Optional, Sequence
 
 from posenc_bench.analysis.context import PLATEAU_MARGIN, context_positions, context_use, late_spread, plateau_rows
 from posenc_bench.analysis.findings import Finding, run_findings
-from posenc_bench.analysis.intervals import CHECKPOINT, CI, MIN_EFFECT, Interval, Intervals
+from posenc_bench.analysis.intervals import CHECKPOINT, CI, MIN_EFFECT, Interval, Intervals, seed_values
 from posenc_bench.analysis.tables import Run, row_order, train_len
 
 HOLDS, REVERSED, SAME_WAY, OTHER_WAY, MISSING = "holds", "reversed", "same way, not shown", "other way, not shown", "n/a"
@@ -125,14 +125,14 @@ def _check(setting: Setting, f: Finding, kind: str) -> Check:
             return Check(MISSING)
         want_up = f.comparison.interval.value > 1
         up, shown = got.value > 1, got.excludes(1.0) and abs(got.value - 1) >= MIN_EFFECT
-        each = iv.seed_values("ratio", f.better, length)
+        each = seed_values(iv, "ratio", f.better, length)
     else:
         value = "ppl" if kind == "between" else "ratio"
         c = iv.compare(value, f.better, f.worse, length)
         if c is None:
             return Check(MISSING)
         got, level, want_up, up, shown = c.interval, c.level, False, c.interval.value > 1, c.significant
-        each = iv.seed_values(value, f.better, length, f.worse)
+        each = seed_values(iv, value, f.better, length, f.worse)
     agree = int(((each > 1) == want_up).sum())  # each seed's own ratio on the whole text, the claim's way
     if shown:
         return Check(HOLDS if up == want_up else REVERSED, got, level, agree, len(each))
