@@ -134,9 +134,8 @@ def _check(setting: Setting, f: Finding, kind: str) -> Check:
         got, level, want_up, up, shown = c.interval, c.level, False, c.interval.value > 1, c.significant
         each = seed_values(iv, value, f.better, length, f.worse)
     agree = int(((each > 1) == want_up).sum())  # each seed's own ratio on the whole text, the claim's way
-    if shown:
-        return Check(HOLDS if up == want_up else REVERSED, got, level, agree, len(each))
-    return Check(SAME_WAY if up == want_up else OTHER_WAY, got, level, agree, len(each))
+    status = (HOLDS if up == want_up else REVERSED) if shown else (SAME_WAY if up == want_up else OTHER_WAY)
+    return Check(status, got, level, agree, len(each))
 
 
 def _claim_what(f: Finding, kind: str) -> str:
