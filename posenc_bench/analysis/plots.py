@@ -239,7 +239,10 @@ def plot_ppl_vs_length(runs: Sequence[Run], out: Path, formats: Sequence[str] = 
 def plot_robustness(runs: Sequence[Run], out: Path, formats: Sequence[str] = FORMATS, stem: str = "robustness"
                     ) -> list[Path]:
     """Each row's ppl at the longest length over its own 1x, one marker per setting (run) with its interval
-    (``analysis/robustness.py``'s table as a figure): the rows every setting holds, in the first run's order."""
+    (``analysis/robustness.py``'s table as a figure): the rows every setting holds, in the first run's order.
+    Beside each, a small x per seed, that seed's own ratio on the whole text: with two seeds the interval is
+    wide (t(1) = 12.7), and the seeds show whether they agree (the report's "same way, every seed")."""
+    from posenc_bench.analysis.intervals import seed_values
     from posenc_bench.analysis.robustness import Setting
 
     settings = [Setting.of(run, 0.95) for run in runs]
@@ -248,7 +251,7 @@ def plot_robustness(runs: Sequence[Run], out: Path, formats: Sequence[str] = FOR
         raise PlotError("a robustness figure needs two or more settings with rows in common")
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows) + 2), 4.2))
     width = 0.8 / len(settings)
-    flagged_any = False
+    flagged_any = seeds_any = False
     for i, s in enumerate(settings):
         color, label = style(i)["color"], f"{s.label} ({s.longest // s.T}x)"
         for j, row in enumerate(rows):
@@ -261,6 +264,11 @@ def plot_robustness(runs: Sequence[Run], out: Path, formats: Sequence[str] = FOR
                         yerr=[[max(0.0, got.value - got.lo)], [max(0.0, got.hi - got.value)]],
                         markerfacecolor="none" if flat else color)
             label = "_nolegend_"  # one legend entry a setting
+            each = seed_values(s.iv, "ratio", row, s.longest)
+            if each is not None and len(each) > 1:
+                x = j - 0.4 + width * (i + 0.85)
+                ax.plot([x] * len(each), each, "x", markersize=4, color=color, gid=f"seeds {s.label} {row}")
+                seeds_any = True
     ax.axhline(1.0, color="0.5", linewidth=0.8)
     ax.set_xticks(range(len(rows)), rows, rotation=30, ha="right")
     ax.set_ylabel("ppl at the longest length / ppl at 1x")
@@ -269,8 +277,10 @@ def plot_robustness(runs: Sequence[Run], out: Path, formats: Sequence[str] = FOR
     ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))  # a log axis within one decade: 2, not 2x10^0
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=7, loc="best")
+    notes = [n for n, shown in (("x: each seed's own ratio", seeds_any),
+                                ("hollow: a row the plateau check flags in that setting", flagged_any)) if shown]
     fig.suptitle("Extrapolation per setting: each row against its own 1x (95% intervals; paired by seed and text)"
-                 + ("\nhollow: a row the plateau check flags in that setting" if flagged_any else ""))
+                 + ("\n" + "; ".join(notes) if notes else ""))
     fig.tight_layout()  # the slanted row names inside the figure, above the caption
     _caption(fig, runs)
     return _save(fig, out, stem, formats)

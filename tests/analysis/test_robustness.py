@@ -117,7 +117,15 @@ def test_plot_robustness_draws_one_marker_per_row_and_setting(tmp_path, capsys):
     assert main(["plot", str(head), str(other), "--robustness", "--out", str(tmp_path / "fig"), "--formats", "svg"]) == 0
     svg = (tmp_path / "fig" / "robustness.svg").read_text()
     assert "head (4x)" in svg and "other (4x)" in svg and capsys.readouterr().out.startswith("wrote ")
-    assert "hollow" not in svg
+    assert "hollow" not in svg and "x: each seed's own ratio" in svg
+    for name in ("head", "other"):  # beside each interval, one x per seed (3 here)
+        for row in ROWS:
+            group = re.search(rf'<g id="seeds {name} {row}">(.*?)</g>', svg, re.S)
+            assert group and group.group(1).count("<use ") == 3
+    one = setting(tmp_path / "one", {"a": 1.10, "b": 1.30, "c": 1.60}, seeds=(0,))
+    assert main(["plot", str(one), str(one), "--robustness", "--out", str(tmp_path / "fig1"), "--formats", "svg"]) == 0
+    svg = (tmp_path / "fig1" / "robustness.svg").read_text()
+    assert 'id="seeds ' not in svg and "each seed" not in svg  # one seed: the marker is the seed
     flat = setting(tmp_path / "flat", {"a": 1.10, "b": 1.30, "c": 1.60}, by_pos={"a": (2.0, 1.8), "b": (2.0, 1.99)})
     assert main(["plot", str(head), str(flat), "--robustness", "--out", str(tmp_path / "fig3"), "--formats", "svg"]) == 0
     svg = (tmp_path / "fig3" / "robustness.svg").read_text()
