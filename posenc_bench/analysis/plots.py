@@ -36,7 +36,8 @@ class PlotError(PosencError):
     pass
 
 
-def _save(fig, out: Path, stem: str, formats: Sequence[str]) -> list[Path]:
+def save(fig, out: Path, stem: str, formats: Sequence[str]) -> list[Path]:
+    """Writes ``fig`` as ``out/stem.<format>`` for each format, reproducibly, and closes it."""
     paths = []
     for fmt in formats:
         path = out / f"{stem}.{fmt}"
@@ -49,7 +50,8 @@ def _save(fig, out: Path, stem: str, formats: Sequence[str]) -> list[Path]:
     return paths
 
 
-def _caption(fig, runs: Sequence[Run]) -> None:
+def add_caption(fig, runs: Sequence[Run]) -> None:
+    """Below the figure, each run's one-line caption: what was trained and measured, where, at which commit."""
     text = "\n".join((f"{r.label}: " if r.label else "") + short_caption(r.data["run"], r.data["records"])
                      for r in runs)
     fig.text(0.01, -0.02, text, ha="left", va="top", fontsize=7, color="0.3")
@@ -232,58 +234,8 @@ def plot_ppl_vs_length(runs: Sequence[Run], out: Path, formats: Sequence[str] = 
         ax.legend(fontsize=7, loc="best")
     ci = f"{ivs[0].ci:.0%}" if any(iv.available for iv in ivs) else None
     fig.suptitle(TITLES[value][0].format(ci=ci) if ci else TITLES[value][0].split(" Bands:")[0] + " Bands: ± std over seeds")
-    _caption(fig, runs)
-    return _save(fig, out, STEMS[value], formats)
-
-
-def plot_robustness(runs: Sequence[Run], out: Path, formats: Sequence[str] = FORMATS, stem: str = "robustness"
-                    ) -> list[Path]:
-    """Each row's ppl at the longest length over its own 1x, one marker per setting (run) with its interval
-    (``analysis/robustness.py``'s table as a figure): the rows every setting holds, in the first run's order.
-    Beside each, a small x per seed, that seed's own ratio on the whole text: with two seeds the interval is
-    wide (t(1) = 12.7), and the seeds show whether they agree (the report's "same way, every seed")."""
-    from posenc_bench.analysis.intervals import seed_values
-    from posenc_bench.analysis.robustness import Setting
-
-    settings = [Setting.of(run, 0.95) for run in runs]
-    rows = [r for r in row_order(runs[0].data) if all(r in s.iv.rows for s in settings)]
-    if len(settings) < 2 or not rows:
-        raise PlotError("a robustness figure needs two or more settings with rows in common")
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows) + 2), 4.2))
-    width = 0.8 / len(settings)
-    flagged_any = seeds_any = False
-    for i, s in enumerate(settings):
-        color, label = style(i)["color"], f"{s.label} ({s.longest // s.T}x)"
-        for j, row in enumerate(rows):
-            got = s.iv.interval("ratio", row, s.longest)
-            if got is None or not math.isfinite(got.value):
-                continue
-            flat = row in s.flat  # hollow: the plateau check flags the row in this setting
-            flagged_any |= flat
-            ax.errorbar([j - 0.4 + width * (i + 0.5)], [got.value], fmt="o", capsize=3, color=color, label=label,
-                        yerr=[[max(0.0, got.value - got.lo)], [max(0.0, got.hi - got.value)]],
-                        markerfacecolor="none" if flat else color)
-            label = "_nolegend_"  # one legend entry a setting
-            each = seed_values(s.iv, "ratio", row, s.longest)
-            if each is not None and len(each) > 1:
-                x = j - 0.4 + width * (i + 0.85)
-                ax.plot([x] * len(each), each, "x", markersize=4, color=color, gid=f"seeds {s.label} {row}")
-                seeds_any = True
-    ax.axhline(1.0, color="0.5", linewidth=0.8)
-    ax.set_xticks(range(len(rows)), rows, rotation=30, ha="right")
-    ax.set_ylabel("ppl at the longest length / ppl at 1x")
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))  # a log axis within one decade: 2, not 2x10^0
-    ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-    notes = [n for n, shown in (("x: each seed's own ratio", seeds_any),
-                                ("hollow: a row the plateau check flags in that setting", flagged_any)) if shown]
-    fig.suptitle("Extrapolation per setting: each row against its own 1x (95% intervals; paired by seed and text)"
-                 + ("\n" + "; ".join(notes) if notes else ""))
-    fig.tight_layout()  # the slanted row names inside the figure, above the caption
-    _caption(fig, runs)
-    return _save(fig, out, stem, formats)
+    add_caption(fig, runs)
+    return save(fig, out, STEMS[value], formats)
 
 
 def _loss_by_position(records: list[dict], row: str) -> tuple[int, list[tuple[float, float]]] | None:
@@ -330,8 +282,8 @@ def plot_loss_by_position(run: Run, out: Path, formats: Sequence[str] = FORMATS,
         ax.legend(fontsize=7, loc="best")
     title = f"Loss by position at eval length {longest} ({longest / T:g}x the train length)"
     fig.suptitle(title + (f" - {run.label}" if run.label else ""))
-    _caption(fig, [run])
-    return _save(fig, out, stem, formats)
+    add_caption(fig, [run])
+    return save(fig, out, stem, formats)
 
 
 def plot_sinusoidal(d_model: int, length: int, out: Path, formats: Sequence[str] = FORMATS,
@@ -357,7 +309,7 @@ def plot_sinusoidal(d_model: int, length: int, out: Path, formats: Sequence[str]
     b.legend(fontsize=7, loc="lower left")
     if caption:
         fig.text(0.01, -0.02, caption, ha="left", va="top", fontsize=7, color="0.3")
-    return _save(fig, out, "sinusoidal", formats)
+    return save(fig, out, "sinusoidal", formats)
 
 
 def _bias_encoding(run: Run, name: str) -> tuple[encodings.Encoding | None, str]:
@@ -421,8 +373,8 @@ def plot_bias(run: Run, name: str, out: Path, formats: Sequence[str] = FORMATS, 
     b.set_title(f"{name} bias against distance, every head")
     b.grid(True, alpha=0.3)
     b.legend(fontsize=7, ncol=2)
-    _caption(fig, [run])
-    return _save(fig, out, stem or f"bias-{name}", formats)
+    add_caption(fig, [run])
+    return save(fig, out, stem or f"bias-{name}", formats)
 
 
 def plot_all(runs: Sequence[Run], out: Path | str, formats: Sequence[str] = FORMATS,

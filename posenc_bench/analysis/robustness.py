@@ -23,6 +23,9 @@ tokenizer's). From those files alone (``posenc-bench report SETTING... --robustn
   that points its way in every setting without holding in each is further told apart by its seeds: *every seed*
   where each seed of each setting, on its own, points the claim's way too (a count, not an interval).
 
+``posenc-bench plot SETTING... --robustness`` draws the ratio table (``plot``), with each seed's own ratio beside
+each interval.
+
 Ratios to 1x compare across tokenizers as "how much worse at 4x its train length"; absolute ppl does not (a
 token is a byte in one setting and about four in another): compare bits per byte for that.
 """
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from itertools import combinations
 from typing import Optional, Sequence
 
@@ -261,3 +265,51 @@ def _claims_block(claims: Setting, settings: list[Setting], rows: list[str]) -> 
             f"{every_seed} of them at every seed of every setting, each seed's own ratio on the whole text (*same "
             f"way, every seed*: a count, not an interval); {len(reversed_)} are reversed in at least one{which}."
             "\n\n" + "\n".join(table) + "\n")
+
+
+def plot(runs: Sequence[Run], out: Path, formats: Optional[Sequence[str]] = None, stem: str = "robustness"
+         ) -> list[Path]:
+    """The ratio table as a figure: each row's ppl at the longest length over its own 1x, one marker per setting
+    with its interval and an x per seed (that seed's own ratio: two seeds make a wide interval, and the x's show
+    whether they agree), for the rows every setting holds, in the first setting's order."""
+    from posenc_bench.analysis import plots  # matplotlib on demand (plots sets its backend): the report needs none
+    from matplotlib.ticker import FormatStrFormatter
+
+    settings = [Setting.of(run, 0.95) for run in runs]
+    rows = [r for r in row_order(runs[0].data) if all(r in s.iv.rows for s in settings)]
+    if len(settings) < 2 or not rows:
+        raise plots.PlotError("a robustness figure needs two or more settings with rows in common")
+    fig, ax = plots.plt.subplots(figsize=(max(6.0, 0.9 * len(rows) + 2), 4.2))
+    width, seeds_drawn, flagged = 0.8 / len(settings), False, False
+    for i, s in enumerate(settings):
+        color, label = plots.style(i)["color"], f"{s.label} ({s.longest // s.T}x)"
+        for j, row in enumerate(rows):
+            got = s.iv.interval("ratio", row, s.longest)
+            if got is None or not math.isfinite(got.value):
+                continue
+            flat = row in s.flat  # hollow: the plateau check flags the row in this setting
+            ax.errorbar([j - 0.4 + width * (i + 0.5)], [got.value], fmt="o", capsize=3, color=color, label=label,
+                        yerr=[[max(0.0, got.value - got.lo)], [max(0.0, got.hi - got.value)]],
+                        markerfacecolor="none" if flat else color)
+            label = "_nolegend_"  # one legend entry a setting
+            each = seed_values(s.iv, "ratio", row, s.longest)
+            several = each is not None and len(each) > 1  # with one seed the marker is the seed
+            if several:
+                ax.plot([j - 0.4 + width * (i + 0.85)] * len(each), each, "x", markersize=4, color=color,
+                        gid=f"seeds {s.label} {row}")
+            seeds_drawn, flagged = seeds_drawn or several, flagged or flat
+    ax.axhline(1.0, color="0.5", linewidth=0.8)
+    ax.set_xticks(range(len(rows)), rows, rotation=30, ha="right")
+    ax.set_ylabel("ppl at the longest length / ppl at 1x")
+    ax.set_yscale("log")
+    for axis_format in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):  # within a decade: 2, not 2x10^0
+        axis_format(FormatStrFormatter("%g"))
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    notes = [note for note, drawn in (("x: each seed's own ratio", seeds_drawn),
+                                      ("hollow: a row the plateau check flags in that setting", flagged)) if drawn]
+    fig.suptitle("Extrapolation per setting: each row against its own 1x (95% intervals; paired by seed and text)"
+                 + ("\n" + "; ".join(notes) if notes else ""))
+    fig.tight_layout()  # the slanted row names inside the figure, above the caption
+    plots.add_caption(fig, runs)
+    return plots.save(fig, out, stem, formats or plots.FORMATS)

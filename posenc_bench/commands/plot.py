@@ -20,7 +20,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def cmd(args: argparse.Namespace) -> int:
-    from posenc_bench.analysis import plots
+    from posenc_bench.analysis import plots, robustness
     from posenc_bench.analysis.tables import load_runs
 
     from pathlib import Path
@@ -28,7 +28,7 @@ def cmd(args: argparse.Namespace) -> int:
     runs = load_runs(args.results)
     if args.robustness:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        paths = plots.plot_robustness(runs, Path(args.out), split_commas(args.formats))
+        paths = robustness.plot(runs, Path(args.out), split_commas(args.formats))
     else:
         paths = plots.plot_all(runs, args.out, split_commas(args.formats), rows=args.rows)
     for path in paths:

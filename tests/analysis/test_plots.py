@@ -100,7 +100,7 @@ def test_families_get_their_own_panels_without_a_hand_kept_list():
 
 def test_no_two_rows_of_a_panel_share_colour_and_marker(tmp_path, monkeypatch):
     figures = []
-    monkeypatch.setattr(plots, "_save", lambda fig, out, stem, formats: figures.append(fig) or [])
+    monkeypatch.setattr(plots, "save", lambda fig, out, stem, formats: figures.append(fig) or [])
     runs = load_runs([ROOT / "results" / "default"])
     plots.plot_ppl_vs_length(runs, tmp_path)
     plots.plot_loss_by_position(runs[0], tmp_path)
@@ -138,7 +138,7 @@ def test_each_row_with_an_interval_gets_a_band_that_spans_it(tmp_path, monkeypat
     from posenc_bench.analysis.intervals import Intervals
 
     figures = []
-    monkeypatch.setattr(plots, "_save", lambda fig, out, stem, formats: figures.append(fig) or [])
+    monkeypatch.setattr(plots, "save", lambda fig, out, stem, formats: figures.append(fig) or [])
     runs = load_runs([ROOT / "results" / "default"])
     plots.plot_ppl_vs_length(runs, tmp_path, rows=["rope", "alibi", "learned"])
     ax = next(a for a in figures[0].axes if a.get_visible())
