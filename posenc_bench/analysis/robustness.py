@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from itertools import combinations
+from pathlib import Path
 from typing import Optional, Sequence
 
 from posenc_bench.analysis.context import PLATEAU_MARGIN, context_positions, context_use, late_spread, plateau_rows
