@@ -125,7 +125,7 @@ def test_report_and_plot_bad_input_is_one_line_exit_2(tmp_path, capsys, monkeypa
 TASKS = ["tasks/copy", "tasks/reverse", "tasks/needle", "tasks/addition", "tasks/addition-hints", "tasks/copy-full"]
 
 
-ROBUSTNESS = ["robustness/bpe-4096", "robustness/large"]  # each setting's folder of results/robustness, as it is merged
+ROBUSTNESS = ["robustness/bpe-4096", "robustness/large", "robustness/bpe-4096-large"]  # each setting's folder of results/robustness
 
 
 @pytest.mark.parametrize("name", ["default", "full", "sotu-512", "sotu-512-full", "smollm2", *TASKS, *ROBUSTNESS])
@@ -243,3 +243,32 @@ def test_a_results_folder_gets_the_report_as_table_md_and_its_records_as_csv(tmp
     assert [(r["encoding"], r["seed"], r["eval_len"], r["status"], r["ppl"]) for r in rows[:2]] == [
         ("rope", "0", "100", "ok", "4.0"), ("rope", "1", "100", "ok", "6.0")]
     assert len(rows) == len(data["records"]) and rows[5]["reason"] == "table has 100 rows"
+
+
+ROBUSTNESS_BLOCK = ["results/sotu-512", *[f"results/{name}" for name in ROBUSTNESS]]  # the headline, then each setting
+
+
+def test_robustness_readmes_block_is_what_report_builds(monkeypatch):
+    """results/robustness/README.md holds `report --robustness` over the four settings as a generated block, so its
+    headline paragraph can be checked against it and a rerun shows any change."""
+    monkeypatch.chdir(ROOT)  # the block names its folders as given on the command line: relative to the repository
+    key = report.marker_key(ROBUSTNESS_BLOCK)
+    block = report.read_block(Path("results/robustness/README.md").read_text(), key, "robustness")
+    assert block is not None, f"results/robustness/README.md lost its <!-- posenc-bench robustness: {key} --> block"
+    assert block == report.render_robustness(load_runs(ROBUSTNESS_BLOCK), load_runs(["results/sotu-512"])[0]), (
+        f"the robustness block is stale: run `posenc-bench report {key} --robustness --claims results/sotu-512 "
+        "--update results/robustness/README.md`")
+
+
+def test_robustness_readmes_headline_counts_are_the_blocks(monkeypatch):
+    """The headline paragraph's three counts (held everywhere, same way at every seed, not held) are the
+    generated block's: a rerun that moves a claim makes the prose stale, and this says so."""
+    import re
+    monkeypatch.chdir(ROOT)
+    text = Path("results/robustness/README.md").read_text()
+    block = report.read_block(text, report.marker_key(ROBUSTNESS_BLOCK), "robustness")
+    held, total, same = map(int, re.search(r"(\d+) of (\d+) claims hold in every setting; (\d+) more point", block).groups())
+    prose = text.split("## What it shows", 1)[1].split("## Every finding", 1)[0]
+    assert f"**Held in every setting ({held} of {total})**" in prose
+    assert f"not shown at the seed level in each ({same})**" in prose
+    assert f"**Not held ({total - held - same})**" in prose

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("folder", ["results/baseline-ci.json", "results/default", "results/sotu-512",
-                                    "results/robustness/bpe-4096", "results/robustness/large"])
+                                    "results/robustness/bpe-4096", "results/robustness/large",
+                                    "results/robustness/bpe-4096-large"])
 def test_the_keys_of_committed_results_are_what_the_code_computes(folder):
     """Keys are content hashes: a refactor that moved one would silently retrain every committed checkpoint
     (and refuse every resume)."""
