@@ -275,7 +275,7 @@ def plot(runs: Sequence[Run], out: Path, formats: Optional[Sequence[str]] = None
     from posenc_bench.analysis import plots  # matplotlib on demand (plots sets its backend): the report needs none
     from matplotlib.ticker import FormatStrFormatter
 
-    settings = [Setting.of(run, 0.95) for run in runs]
+    settings = [Setting.of(run, CI) for run in runs]
     rows = [r for r in row_order(runs[0].data) if all(r in s.iv.rows for s in settings)]
     if len(settings) < 2 or not rows:
         raise plots.PlotError("a robustness figure needs two or more settings with rows in common")
@@ -308,7 +308,7 @@ def plot(runs: Sequence[Run], out: Path, formats: Optional[Sequence[str]] = None
     ax.legend(fontsize=7, loc="best")
     notes = [note for note, drawn in (("x: each seed's own ratio", seeds_drawn),
                                       ("hollow: a row the plateau check flags in that setting", flagged)) if drawn]
-    fig.suptitle("Extrapolation per setting: each row against its own 1x (95% intervals; paired by seed and text)"
+    fig.suptitle(f"Extrapolation per setting: each row against its own 1x ({CI:.0%} intervals; paired by seed and text)"
                  + ("\n" + "; ".join(notes) if notes else ""))
     fig.tight_layout()  # the slanted row names inside the figure, above the caption
     plots.add_caption(fig, runs)

@@ -4,6 +4,7 @@ place; the committed tables (table.md, README and docs blocks) are what `report`
 import csv
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -248,25 +249,28 @@ def test_a_results_folder_gets_the_report_as_table_md_and_its_records_as_csv(tmp
 ROBUSTNESS_BLOCK = ["results/sotu-512", *[f"results/{name}" for name in ROBUSTNESS]]  # the headline, then each setting
 
 
+def _robustness_readme() -> tuple[str, str | None]:
+    """results/robustness/README.md's text and its generated block (None when the block is gone)."""
+    text = (ROOT / "results/robustness/README.md").read_text()
+    return text, report.read_block(text, report.marker_key(ROBUSTNESS_BLOCK), "robustness")
+
+
 def test_robustness_readmes_block_is_what_report_builds(monkeypatch):
     """results/robustness/README.md holds `report --robustness` over the four settings as a generated block, so its
     headline paragraph can be checked against it and a rerun shows any change."""
     monkeypatch.chdir(ROOT)  # the block names its folders as given on the command line: relative to the repository
     key = report.marker_key(ROBUSTNESS_BLOCK)
-    block = report.read_block(Path("results/robustness/README.md").read_text(), key, "robustness")
+    _, block = _robustness_readme()
     assert block is not None, f"results/robustness/README.md lost its <!-- posenc-bench robustness: {key} --> block"
     assert block == report.render_robustness(load_runs(ROBUSTNESS_BLOCK), load_runs(["results/sotu-512"])[0]), (
         f"the robustness block is stale: run `posenc-bench report {key} --robustness --claims results/sotu-512 "
         "--update results/robustness/README.md`")
 
 
-def test_robustness_readmes_headline_counts_are_the_blocks(monkeypatch):
+def test_robustness_readmes_headline_counts_are_the_blocks():
     """The headline paragraph's three counts (held everywhere, same way at every seed, not held) are the
     generated block's: a rerun that moves a claim makes the prose stale, and this says so."""
-    import re
-    monkeypatch.chdir(ROOT)
-    text = Path("results/robustness/README.md").read_text()
-    block = report.read_block(text, report.marker_key(ROBUSTNESS_BLOCK), "robustness")
+    text, block = _robustness_readme()
     held, total, same = map(int, re.search(r"(\d+) of (\d+) claims hold in every setting; (\d+) more point", block).groups())
     prose = text.split("## What it shows", 1)[1].split("## Every finding", 1)[0]
     assert f"**Held in every setting ({held} of {total})**" in prose
