@@ -13,8 +13,8 @@ from typing import Optional
 
 import pandas as pd
 
+from posenc_bench import metrics
 from posenc_bench.analysis.seeds import mean
-from posenc_bench.bench.records import metric_of
 
 CONTEXT_TITLES = {
     "training": "Training (train loss, nats) and context use at 1x (test loss early vs late in the window), each the "
@@ -125,7 +125,7 @@ def unlearned_rows(records: list[dict]) -> list[str]:
 def plateau_note(records: list[dict], row: str) -> Optional[str]:
     """The footnote of a row on the plateau, naming the positions compared (or of a task row that did not learn
     its task); None for a row that uses context."""
-    if metric_of(records) == "accuracy":
+    if metrics.kind_of(records).instances:
         return UNLEARNED_NOTE.format(threshold=LEARNED_ACCURACY) if unlearned(records, row) else None
     if not on_plateau(records, row):
         return None

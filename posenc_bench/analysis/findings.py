@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from itertools import combinations
 from typing import Sequence
 
-from posenc_bench.analysis.intervals import CHECKPOINT, MIN_EFFECT, MIN_POINTS, Comparison, Intervals
+from posenc_bench import metrics
+from posenc_bench.analysis.intervals import CHECKPOINT, Comparison, Intervals
 from posenc_bench.analysis.tables import Run, row_order, train_len
 
 
@@ -51,7 +52,7 @@ class Findings:
     extrapolation: list[Finding]
     made: int  # comparisons made (pairs x lengths, and rows x lengths past 1x)
     levels: set[str]
-    metric: str = "ppl"  # or "accuracy" (a task run: differences of exact match, higher is better)
+    metric: str = "ppl"  # the metric compared between rows: the kind's primary ("accuracy" for a task run)
 
 
 def _oriented(iv: Intervals, value: str, a: str, b: str, length: int) -> tuple[str, str, Comparison] | None:
@@ -59,7 +60,7 @@ def _oriented(iv: Intervals, value: str, a: str, b: str, length: int) -> tuple[s
     c = iv.compare(value, a, b, length)
     if c is None or not c.significant:
         return None
-    if (c.interval.value > 0) if c.null == 0 else (c.interval.value < 1):  # a is better: more accurate, lower ppl
+    if metrics.get(value).better(c.interval.value, c.null):  # a is better: more accurate, lower ppl
         return a, b, c
     return b, a, iv.compare(value, b, a, length)
 
@@ -69,31 +70,31 @@ def run_findings(run: Run, iv: Intervals) -> Findings:
     rows = row_order(run.data)
     T = train_len(run.data["run"])
     lengths = sorted({r["eval_len"] for r in run.data["records"]})
-    between = "accuracy" if iv.metric == "accuracy" else "ppl"  # a task run compares exact match (A - B)
-    found: dict[str, list[Finding]] = {between: [], "ratio": []}  # a task's intervals have no ratio: none found
+    between, ratio = iv.kind.primary, iv.kind.to_1x  # a task run compares exact match (A - B) and has no ratio
+    found: dict[str, list[Finding]] = {between: [], **({ratio: []} if ratio else {})}
     from_1x, made = [], 0
     for length in lengths:
         for a, b in combinations(rows, 2):
-            for value in (between, "ratio") if length != T else (between,):
+            for value in (between, ratio) if length != T and ratio else (between,):
                 if iv.compare(value, a, b, length) is None:
                     continue
                 made += 1
                 if (o := _oriented(iv, value, a, b, length)) is not None:
                     found[value].append(Finding(o[0], o[1], length, T, o[2]))
-        for row in rows if length != T else []:
-            c = _ratio_to_1x(iv, row, length)
+        for row in rows if length != T and ratio else []:
+            c = _ratio_to_1x(iv, ratio, row, length)
             if c is None:
                 continue
             made += 1
             if c.significant:
                 from_1x.append(Finding(row, "", length, T, c))
-    levels = {f.comparison.level for f in found[between] + from_1x + found["ratio"]}
-    return Findings(run.label, found[between], from_1x, found["ratio"], made, levels, iv.metric)
+    levels = {f.comparison.level for f in found[between] + from_1x + found.get(ratio, [])}
+    return Findings(run.label, found[between], from_1x, found[ratio] if ratio else [], made, levels, between)
 
 
-def _ratio_to_1x(iv: Intervals, row: str, length: int) -> Comparison | None:
+def _ratio_to_1x(iv: Intervals, ratio: str, row: str, length: int) -> Comparison | None:
     """The row's ppl at ``length`` over its own 1x, as a Comparison (its interval is the ratio value's)."""
-    interval = iv.interval("ratio", row, length)
+    interval = iv.interval(ratio, row, length)
     if interval is None:
         return None
     level = iv.level(row, length)
@@ -131,9 +132,10 @@ def markdown(all_findings: Sequence[Findings], ci: float) -> str:
         level = next(iter(fs.levels)) if len(fs.levels) == 1 else ""
         head = f"{fs.run}: " if fs.run else ""
         n = len(fs.between) + len(fs.from_1x) + len(fs.extrapolation)
-        task = fs.metric == "accuracy"
-        rule = (f"interval excludes 0, difference at least {MIN_POINTS * 100:g} point" if task
-                else f"interval excludes 1, difference at least {MIN_EFFECT:.1%}")
+        metric = metrics.get(fs.metric)
+        task = metric.difference
+        rule = (f"interval excludes 0, difference at least {metric.smallest * 100:g} point" if task
+                else f"interval excludes 1, difference at least {metric.smallest:.1%}")
         what = f"{head}{n} of {fs.made} comparisons hold at {ci:.0%} ({rule}; not corrected for the number made)"
         if level:
             what += "; every one is " + ("about this checkpoint (one seed), not the method" if level == CHECKPOINT

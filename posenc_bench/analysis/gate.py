@@ -1,7 +1,9 @@
 """CI regression gate: compare a run's results with a committed baseline, cell by cell.
 
-For every (encoding row, eval length) of the baseline the gate checks two numbers, each a relative rise
-against an allowed tolerance:
+For every (encoding row, eval length) of the baseline the gate checks each metric of the records' kind that
+names a tolerance in the metric registry (``posenc_bench/metrics``; a plugin's metric is gated the same way,
+with its own default tolerance). For text that is two numbers, each a relative rise against an allowed
+tolerance:
 
 - ``ppl``: mean perplexity over seeds;
 - ``ratio``: the extrapolation ratio ppl(kx) / ppl(1x) (each seed's own ratio, then the mean), at every
@@ -47,11 +49,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from posenc_bench import metrics
 from posenc_bench.errors import PosencError
-from posenc_bench.bench.records import ResultsError, differences, metric_of, read_results
+from posenc_bench.bench.records import ResultsError, differences, read_results
 from posenc_bench.analysis.captions import kind, kind_text
-from posenc_bench.analysis.intervals import CI, DIFFERENCES, Intervals
-from posenc_bench.analysis.seeds import RATIO, Seeds, mean_std, over_seeds, with_ratio_to_1x
+from posenc_bench.analysis.intervals import CI, Intervals
+from posenc_bench.analysis.seeds import Seeds, mean_std, over_seeds, with_value
 from posenc_bench.analysis.tables import train_len
 from posenc_bench.files import atomic_write_json, atomic_write_text
 
@@ -68,6 +71,10 @@ class Tolerance:
     ratio_tol: float
     sigmas: float
     acc_tol: float = 0.05
+
+    def of(self, metric: metrics.Metric) -> float:
+        """The allowed change of ``metric``: the config's field it names, else the metric's own default."""
+        return getattr(self, metric.gate_tolerance, metric.tolerance)
 
 
 @dataclass
@@ -111,7 +118,7 @@ class GateResult:
         return FAIL if self.failed else PASS
 
     def summary(self) -> str:
-        n = len([c for c in self.checks if c.metric in ("ppl", "ratio", "accuracy")])
+        n = len([c for c in self.checks if c.metric in metrics.names()])
         improved = [c for c in self.checks if c.verdict == "improved"]
         if self.failed:
             worst = "; ".join(_describe(c) for c in self.failed[:8]) + (" ..." if len(self.failed) > 8 else "")
@@ -125,7 +132,7 @@ class GateResult:
 
 
 def _describe(c: Check) -> str:
-    if c.change is not None and c.metric == "accuracy":
+    if c.change is not None and metrics.get(c.metric).difference:
         return f"{c.encoding} accuracy at {c.length()} down {c.change:.3f} > allowed {c.allowed:.3f}"
     if c.change is not None:
         return f"{c.encoding} {c.metric} at {c.length()} {c.change:+.2%} > allowed {c.allowed:+.2%}"
@@ -154,36 +161,57 @@ def incomparable(baseline: dict, current: dict) -> list[str]:
 # ---------------------------------------------------------------------------------------------- compare
 
 
-def _cells(data: dict) -> dict[tuple[str, int], tuple[Seeds, Optional[Seeds]]]:
-    """(row, eval length) -> its ppl and its ratio to 1x over the seeds (``analysis/seeds.py``); for a task run
-    its accuracy and no ratio (None)."""
-    groups: dict[tuple[str, int], list[dict]] = {}
-    for r in with_ratio_to_1x(data["records"]):
-        groups.setdefault((r["encoding"], r["eval_len"]), []).append(r)
-    if metric_of(data["records"]) == "accuracy":
-        return {key: (over_seeds(group, "accuracy"), None) for key, group in groups.items()}
-    return {key: (over_seeds(group, "ppl"), over_seeds(group, RATIO)) for key, group in groups.items()}
+def gated(data: dict) -> list[metrics.Metric]:
+    """The metrics the gate checks on a results file's records: those of its kind that name a tolerance (ppl and
+    the ratio to 1x for text, exact match for a task), the kind's primary metric first."""
+    kind = metrics.kind_of(data["records"])
+    found = [m for m in metrics.of_kind(kind.name) if m.gate_tolerance is not None]
+    return sorted(found, key=lambda m: m.name != kind.primary)
+
+
+def _cells(data: dict) -> dict[tuple[str, int], dict[str, Seeds]]:
+    """(row, eval length) -> each gated metric's values over the seeds (``analysis/seeds.py``)."""
+    out: dict[tuple[str, int], dict[str, Seeds]] = {}
+    for m in gated(data):
+        records, key = with_value(data["records"], m)
+        groups: dict[tuple[str, int], list[dict]] = {}
+        for r in records:
+            groups.setdefault((r["encoding"], r["eval_len"]), []).append(r)
+        for cell, group in groups.items():
+            out.setdefault(cell, {})[m.name] = over_seeds(group, key)
+    return out
+
+
+def _change(m: metrics.Metric, baseline: float, current: float) -> float:
+    """How much worse ``current`` is than ``baseline`` (negative: better): a relative rise of a ratio-compared
+    metric, a drop in points of a share."""
+    if m.difference:
+        return baseline - current if m.higher_is_better else current - baseline
+    return baseline / current - 1 if m.higher_is_better else current / baseline - 1
 
 
 def _check(enc: str, L: int, T: int, metric: str, b: list[float], c: list[float], limits: tuple[float, float],
            paired: Optional[Intervals] = None) -> Check:
     """One metric of one cell: ``limits`` (tolerance, sigmas); ``paired`` the intervals of both runs, if any."""
     tol, sigmas = limits
+    m = metrics.get(metric)
     bm, bs = mean_std(b)
     cm, _ = mean_std(c)
-    drop = metric in DIFFERENCES  # exact match: worse is lower, and a change is its drop in points
-    change = bm - cm if drop else cm / bm - 1
+    change = _change(m, bm, cm)
     allowed, source = tol, "tolerance"
     paired_change = paired.compare(metric, f"current:{enc}", f"baseline:{enc}", L) if paired is not None else None
     if paired_change is not None:
-        i = paired_change.interval  # current / baseline, or current - baseline for exact match
-        lo, hi = (0.0 - i.hi, 0.0 - i.lo) if drop else (i.lo - 1, i.hi - 1)  # 0.0 -: no "-0.00%"
+        i = paired_change.interval  # current / baseline, or current - baseline for a share
+        if m.difference:
+            lo, hi = (0.0 - i.hi, 0.0 - i.lo) if m.higher_is_better else (i.lo, i.hi)  # 0.0 -: no "-0.00%"
+        else:
+            lo, hi = (1 / i.hi - 1, 1 / i.lo - 1) if m.higher_is_better else (i.lo - 1, i.hi - 1)
         if change - lo > tol:
             allowed, source = change - lo, f"interval ({paired.ci:.0%}, paired)"
         verdict = "REGRESSED" if change > allowed else ("improved" if change < -tol and hi < 0 else "ok")
         return Check(enc, L, T, metric, bm, cm, change, allowed, source, verdict, lo=lo, hi=hi)
     if len(b) >= 2 and bm > 0:
-        spread = sigmas * bs / (1 if drop else bm) * math.sqrt(1 / len(b) + 1 / len(c))
+        spread = sigmas * bs / (1 if m.difference else bm) * math.sqrt(1 / len(b) + 1 / len(c))
         if spread > tol:
             allowed, source = spread, f"seed spread ({sigmas:g} sigma, {len(b)} vs {len(c)} seeds)"
     verdict = "REGRESSED" if change > allowed else ("improved" if change < -allowed else "ok")
@@ -223,26 +251,28 @@ def compare(baseline: dict, current: dict, tolerances: dict[str, Tolerance], def
     return GateResult(checks, _notes(baseline, current, checks, paired))
 
 
-def _cell_checks(enc: str, L: int, T: int, b: tuple[Seeds, Seeds], c: Optional[tuple[Seeds, Seeds]], tol: Tolerance,
+def _cell_checks(enc: str, L: int, T: int, b: dict[str, Seeds], c: Optional[dict[str, Seeds]], tol: Tolerance,
                  paired: Optional[Intervals]) -> list[Check]:
-    """The checks of one cell: its ppl and ratio to 1x (``b``, ``c``: baseline and current, over seeds), or
-    what changed when it is missing now or not ok on either side."""
+    """The checks of one cell: each gated metric (``b``, ``c``: baseline and current, over seeds; the primary
+    metric first), or what changed when it is missing now or not ok on either side."""
     if c is None:
         return [Check(enc, L, T, "-", verdict="MISSING",
                       detail="this length is in the baseline but not in the current run")]
-    (b_ppl, b_ratio), (c_ppl, c_ratio) = b, c
-    if b_ppl.status != "ok" or c_ppl.status != "ok":
-        if b_ppl.status == c_ppl.status:
-            return [Check(enc, L, T, "-", verdict="n/a", detail=f"{b_ppl.status} in both")]
-        if b_ppl.status == "ok" or c_ppl.status == "diverged":
+    primary = next(iter(b))
+    b_main, c_main = b[primary], c[primary]
+    if b_main.status != "ok" or c_main.status != "ok":
+        if b_main.status == c_main.status:
+            return [Check(enc, L, T, "-", verdict="n/a", detail=f"{b_main.status} in both")]
+        if b_main.status == "ok" or c_main.status == "diverged":
             return [Check(enc, L, T, "-", verdict="REGRESSED",
-                          detail=f"{b_ppl.status} in the baseline, {c_ppl.status} now: {c_ppl.reason}")]
-        return [Check(enc, L, T, "-", verdict="improved", detail=f"{b_ppl.status} in the baseline, {c_ppl.status} now")]
-    if b_ratio is None:  # a task cell (``_cells``): its accuracy
-        return [_check(enc, L, T, "accuracy", b_ppl.values, c_ppl.values, (tol.acc_tol, tol.sigmas), paired)]
-    checks = [_check(enc, L, T, "ppl", b_ppl.values, c_ppl.values, (tol.ppl_tol, tol.sigmas), paired)]
-    if L != T and b_ratio.values and c_ratio.values:
-        checks.append(_check(enc, L, T, "ratio", b_ratio.values, c_ratio.values, (tol.ratio_tol, tol.sigmas), paired))
+                          detail=f"{b_main.status} in the baseline, {c_main.status} now: {c_main.reason}")]
+        return [Check(enc, L, T, "-", verdict="improved", detail=f"{b_main.status} in the baseline, {c_main.status} now")]
+    checks = []
+    for name, bs in b.items():
+        m, cs = metrics.get(name), c.get(name)
+        if (L == T and not m.at_1x) or cs is None or not (bs.values and cs.values):
+            continue
+        checks.append(_check(enc, L, T, name, bs.values, cs.values, (tol.of(m), tol.sigmas), paired))
     return checks
 
 

@@ -21,8 +21,11 @@ A statistic (a row's ppl, or the paired ratio of two rows at one length) has one
   trained models on this population of text and nothing else: another seed of the same recipe can move them by
   more than the text does. Tables, findings and figures say "this checkpoint" wherever it is used.
 
-A difference counts only when its interval excludes 1 and its point estimate is at least ``MIN_EFFECT`` from
-it: a path that differs from another by float rounding, consistently over every unit, is not a finding.
+Every value is a registered metric (``posenc_bench/metrics``): its formula over the weighted unit sums gives
+each draw's statistic, and it says how two rows compare (a ratio, or a difference of shares). A difference
+counts only when its interval excludes the null (1, or 0) and its point estimate is at least the metric's
+smallest effect from it: a path that differs from another by float rounding, consistently over every unit, is
+not a finding.
 
 What the text level does not cover: units of one segment are consecutive text, so neighbours are mildly
 dependent, and at a length that does not divide the unit (1.5x) a window spans two units and the second one's
@@ -40,17 +43,14 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-from posenc_bench.bench.records import metric_of
+from posenc_bench import metrics
+from posenc_bench.metrics import MIN_EFFECT
 
 CI = 0.95  # default level
 DRAWS = 2000  # text bootstrap draws: the bounds move by well under a tenth of the width between bootstrap seeds
 SEED = 0  # the bootstrap's own seed: the same results give the same intervals
 MIN_SEEDS = 2  # seeds in common for a seed-level (method) interval; with fewer it is about this checkpoint
-MIN_EFFECT = 0.001  # a relative difference below this is never marked, whatever its interval
 MIN_WINDOWS = 30  # below this many independent windows at a length, the table says so
-MIN_POINTS = 0.01  # a task's accuracy: a difference below one percentage point is never marked
-VALUES = ("ppl", "bpb", "ratio", "accuracy", "token_accuracy")
-DIFFERENCES = ("accuracy", "token_accuracy")  # shares in [0, 1], compared as A - B (0: no difference); the others A / B
 METHOD, CHECKPOINT = "method", "this checkpoint"  # the two levels of a comparison
 
 
@@ -62,9 +62,6 @@ class Interval:
 
     def excludes(self, x: float) -> bool:
         return self.lo > x or self.hi < x
-
-
-SHARE, SHARE_DIFFERENCE = (0.0, 1.0), (-1.0, 1.0)  # the range of a share (exact match), and of a difference of two
 
 
 def within(interval: Interval, bounds: Optional[tuple[float, float]]) -> Interval:
@@ -169,46 +166,20 @@ class Intervals:
             raise ValueError(f"confidence level must be between 0 and 1, got {ci!r}")
         self.ci = ci
         records = list(records)
-        self.metric = metric_of(records)
+        self.kind = metrics.kind_of(records)
+        self.metric = self.kind.name  # what the records measure: "ppl" (text) or "accuracy" (a task)
         self.rows = list(dict.fromkeys(label(r) for r in records))
         self.seeds = sorted({r["seed"] for r in records})
         self.lengths = sorted({r["eval_len"] for r in records})
         self.train_len = {label(r): r["train_len"] for r in records}
         self.models: dict[tuple[str, int], str] = {(label(r), r["seed"]): model_of(r) for r in records}
-        self.problem = _units_problem(records)
+        self.problem = _units_problem(records, self.kind)
         self.unit_size = self.n_units = 0
         self._measured = np.zeros((len(self.rows), len(self.seeds), len(self.lengths)), dtype=bool)  # (R, S, L)
         self._per_seed: dict[str, np.ndarray] = {}
         if self.problem:
             return
-        units = next(r["units"] for r in records if r.get("units"))
-        if self.metric == "accuracy":
-            self.unit_size, self.n_units = 1, len(units["correct"])
-            self._measured, self._per_seed = _accuracy_draws(records, self, label, draws, seed)
-            return
-        self.unit_size, self.n_units = units["size"], len(units["nll"])
-        R, S, L = len(self.rows), len(self.seeds), len(self.lengths)
-        nll = np.full((R, S, L, self.n_units), np.nan)  # (rows, seeds, lengths, units); NaN: no number
-        for r in records:
-            if r["status"] == "ok" and r.get("units"):
-                nll[self.rows.index(label(r)), self.seeds.index(r["seed"]), self.lengths.index(r["eval_len"])] = \
-                    r["units"]["nll"]
-        self._measured = ~np.isnan(nll[..., 0])  # (R, S, L): this row has a number at this seed and length
-        tokens = np.asarray(units["tokens"], dtype=float)  # (units,)
-        nbytes = np.asarray(units["bytes"], dtype=float)
-        rng = np.random.default_rng(seed)
-        # unit counts: row 0 is the data itself (every unit once), rows 1.. the bootstrap draws of the text
-        w = np.vstack([np.ones(self.n_units), rng.multinomial(self.n_units, np.full(self.n_units, 1 / self.n_units),
-                                                              size=draws)])  # (1 + draws, units)
-        missing = np.isnan(nll[..., 0]).reshape(-1, 1)  # (R * S * L, 1): no record, or not measured
-        sums = np.where(missing, np.nan, np.nan_to_num(nll).reshape(-1, self.n_units) @ w.T)  # (R * S * L, 1 + draws)
-        per_seed = {"ppl": np.exp(sums / (w @ tokens)).reshape(R, S, L, -1),  # (R, S, L, 1 + draws)
-                    "bpb": (sums / (w @ nbytes) / np.log(2)).reshape(R, S, L, -1)}
-        if self.train_len and all(t in self.lengths for t in self.train_len.values()):
-            at_1x = np.stack([per_seed["ppl"][i, :, self.lengths.index(self.train_len[row])]
-                              for i, row in enumerate(self.rows)])  # (R, S, 1 + draws)
-            per_seed["ratio"] = per_seed["ppl"] / at_1x[:, :, None, :]
-        self._per_seed = per_seed
+        self.unit_size, self.n_units, self._measured, self._per_seed = _draws(records, self, label, draws, seed)
 
     @property
     def available(self) -> bool:
@@ -222,7 +193,7 @@ class Intervals:
             return None
         j = self.lengths.index(length)
         x = [self._per_seed[value][self.rows.index(r), :, j] for r in rows]  # each (S, 1 + draws)
-        stat = x[0] if len(x) == 1 else x[0] - x[1] if value in DIFFERENCES else x[0] / x[1]
+        stat = x[0] if len(x) == 1 else metrics.get(value).compare(x[0], x[1])
         stat = stat[np.isfinite(stat[:, 0])]
         return stat if len(stat) else None
 
@@ -243,10 +214,10 @@ class Intervals:
         return Interval(value, value - half, value + half), METHOD
 
     def interval(self, value: str, row: str, length: int) -> Optional[Interval]:
-        """``value`` (ppl | bpb | ratio to 1x) of ``row`` at ``length`` (its mean over seeds) with its interval;
-        None without numbers."""
+        """``value`` (a metric's name: ppl, bpb, ratio to 1x, ...) of ``row`` at ``length`` (its mean over seeds)
+        with its interval, kept within the metric's range; None without numbers."""
         x = self._values(value, (row,), length)
-        return None if x is None else within(self._interval(x)[0], SHARE if value in DIFFERENCES else None)
+        return None if x is None else within(self._interval(x)[0], metrics.get(value).bounds)
 
     def level(self, row: str, length: int) -> Optional[str]:
         """The level of ``row``'s own interval at ``length``: METHOD with MIN_SEEDS seeds, else CHECKPOINT."""
@@ -258,20 +229,22 @@ class Intervals:
         return all(self.models.get((a, s)) == self.models.get((b, s)) for s in self.seeds)
 
     def compare(self, value: str, row: str, ref: str, length: int, *, paired: bool = True) -> Optional[Comparison]:
-        """``row`` / ``ref`` of ``value`` at ``length``: the mean over their common seeds of each seed's ratio.
-        ``paired=False`` draws the two rows' text independently (what a comparison without shared targets
+        """``row`` / ``ref`` of ``value`` at ``length`` (``row`` - ``ref`` for a metric compared as a difference):
+        the mean over their common seeds of each seed's ratio (difference). ``paired=False`` draws the two rows' text independently (what a comparison without shared targets
         would give), for reference only."""
         x = self._values(value, (row, ref), length)
         if x is None:
             return None
+        metric = metrics.get(value)
         if not paired:
             a, b = self._values(value, (row,), length), self._values(value, (ref,), length)
             shuffled = np.random.default_rng(SEED + 1).permutation(b[:, 1:].T).T  # (k, draws): other text draws
-            x = a[: len(b)] / np.concatenate([b[:, :1], shuffled], axis=1)
+            x = metric.compare(a[: len(b)], np.concatenate([b[:, :1], shuffled], axis=1))
         interval, level = self._interval(x)
-        if value in DIFFERENCES:
-            return Comparison(within(interval, SHARE_DIFFERENCE), level, len(x), null=0.0, min_effect=MIN_POINTS)
-        return Comparison(interval, level, len(x))
+        if metric.difference and metric.bounds:  # a difference of two values in [lo, hi] lies in [lo - hi, hi - lo]
+            lo, hi = metric.bounds
+            interval = within(interval, (lo - hi, hi - lo))
+        return Comparison(interval, level, len(x), null=metric.null, min_effect=metric.smallest)
 
     def seeds_measured(self, row: str, length: int) -> int:
         """How many training seeds of ``row`` have a number at ``length``."""
@@ -281,7 +254,7 @@ class Intervals:
 
     def windows(self, length: int) -> int:
         """Independent windows at ``length``: the targets / length (windows share no context)."""
-        if self.metric == "accuracy":
+        if self.kind.instances:
             return self.n_units  # test instances, each its own sequence
         return max(1, round(self.n_units * self.unit_size / length)) if self.unit_size else 0
 
@@ -289,7 +262,7 @@ class Intervals:
         """One line for a caption: what the intervals are."""
         if self.problem:
             return f"intervals: not available ({self.problem})"
-        text = (f"the {self.n_units} test instances of each size resampled" if self.metric == "accuracy" else
+        text = (f"the {self.n_units} {self.kind.samples} of each size resampled" if self.kind.instances else
                 f"the text resampled over {self.n_units} units of {self.unit_size} targets")
         seed_level = (f"t-intervals over {_seeds_text(self)}, widened by {text}" if len(self.seeds) >= MIN_SEEDS
                       else "")
@@ -297,7 +270,8 @@ class Intervals:
         checkpoint = (f"{'rows with one seed' if seed_level else 'one seed'}: {text} only, about this checkpoint"
                       if one else "")
         parts = [p for p in (seed_level, checkpoint) if p]
-        smallest = f"{MIN_POINTS * 100:g} percentage point" if self.metric == "accuracy" else f"{MIN_EFFECT:.1%}"
+        primary = metrics.get(self.kind.primary)
+        smallest = f"{primary.smallest * 100:g} percentage point" if primary.difference else f"{primary.smallest:.1%}"
         return f"intervals: {self.ci:.0%}; " + "; ".join(parts) + f"; differences under {smallest} are not marked"
 
     def seeds_one(self) -> bool:
@@ -324,39 +298,56 @@ def _seeds_text(iv: "Intervals") -> str:
             "rows have)")
 
 
-def _accuracy_draws(records: list[dict], iv: "Intervals", label, draws: int, seed: int
-                    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """(measured (R, S, L), per-seed statistics (R, S, L, 1 + draws)) of a task run: each unit is one test
-    instance (correct or not; answer tokens right, of how many); each size has its own instances, the same for
-    every row and seed, all drawn with the same weights."""
-    R, S, L, n = len(iv.rows), len(iv.seeds), len(iv.lengths), iv.n_units
-    arrays = {k: np.full((R, S, L, n), np.nan) for k in ("correct", "right", "tokens")}
+def _draws(records: list[dict], iv: Intervals, label, draws: int, seed: int
+           ) -> tuple[int, int, np.ndarray, dict[str, np.ndarray]]:
+    """(unit size, units, measured (R, S, L), each metric's per-seed statistic (R, S, L, 1 + draws)) of records
+    of one kind: the units' fields summed with the same bootstrap weights for every row, seed and length (the
+    text's shared fields once), and each registered metric of the kind computed from those sums."""
+    units = next(r["units"] for r in records if r.get("units"))
+    own = [k for k in units if k != "size" and k not in iv.kind.shared_units]  # fields of each record
+    R, S, L, n = len(iv.rows), len(iv.seeds), len(iv.lengths), len(units[own[0]])
+    arrays = {k: np.full((R, S, L, n), np.nan) for k in own}  # (rows, seeds, lengths, units); NaN: no number
     for r in records:
         if r["status"] == "ok" and r.get("units"):
             at = (iv.rows.index(label(r)), iv.seeds.index(r["seed"]), iv.lengths.index(r["eval_len"]))
             for k, a in arrays.items():
                 a[at] = r["units"][k]
+    measured = ~np.isnan(arrays[own[0]][..., 0])  # (R, S, L): this row has a number at this seed and length
     rng = np.random.default_rng(seed)
-    w = np.vstack([np.ones(n), rng.multinomial(n, np.full(n, 1 / n), size=draws)])  # (1 + draws, instances)
-    flat = {k: a.reshape(-1, n) for k, a in arrays.items()}  # rows without a number stay NaN
-    with np.errstate(invalid="ignore"):
-        per_seed = {"accuracy": (flat["correct"] @ w.T / w.sum(1)).reshape(R, S, L, -1),
-                    "token_accuracy": (flat["right"] @ w.T / (flat["tokens"] @ w.T)).reshape(R, S, L, -1)}
-    return ~np.isnan(arrays["correct"][..., 0]), per_seed
+    # unit counts: row 0 is the data itself (every unit once), rows 1.. the bootstrap draws of the text
+    w = np.vstack([np.ones(n), rng.multinomial(n, np.full(n, 1 / n), size=draws)])  # (1 + draws, units)
+    missing = ~measured.reshape(-1, 1)  # (R * S * L, 1): no record, or not measured
+    sums = {k: np.where(missing, np.nan, np.nan_to_num(a).reshape(-1, n) @ w.T)  # (R * S * L, 1 + draws)
+            for k, a in arrays.items()}
+    sums |= {k: w @ np.asarray(units[k], dtype=float) for k in iv.kind.shared_units}  # (1 + draws,)
+    sums["count"] = w.sum(1)  # (1 + draws,): units drawn
+    per_seed: dict[str, np.ndarray] = {}
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for m in metrics.of_kind(iv.kind.name):
+            if m.formula is not None and all(u in sums for u in m.units):
+                per_seed[m.name] = m.formula(sums).reshape(R, S, L, -1)  # (R, S, L, 1 + draws)
+    for m in metrics.of_kind(iv.kind.name):  # ratios to 1x, from the statistic they divide
+        if m.of in per_seed and iv.train_len and all(t in iv.lengths for t in iv.train_len.values()):
+            at_1x = np.stack([per_seed[m.of][i, :, iv.lengths.index(iv.train_len[row])]
+                              for i, row in enumerate(iv.rows)])  # (R, S, 1 + draws)
+            per_seed[m.name] = per_seed[m.of] / at_1x[:, :, None, :]
+    return units.get("size", 1), n, measured, per_seed
 
 
-def _units_problem(records: list[dict]) -> str:
+def _units_problem(records: list[dict], kind: metrics.Kind) -> str:
     """Why these records cannot give intervals ("" when they can): no per-unit numbers, or units that are not
-    the same text in every record."""
+    the same text (the same test instances) in every record."""
     ok = [r for r in records if r["status"] == "ok"]
     if not ok:
         return "no measured records"
     if not any(r.get("units") for r in ok):
         return "these results predate per-unit numbers; rerun to get them"
-    if metric_of(ok) == "accuracy":  # a task: the same number of instances at every size
-        shapes = {len(r["units"]["correct"]) for r in ok if r.get("units")}
-        return "the records' test instances differ in number" if len(shapes) > 1 else ""
-    shapes = {(r["units"]["size"], tuple(r["units"]["tokens"])) for r in ok if r.get("units")}
+    if not kind.shared_units:  # test instances: the same number at every size
+        first = next(k for k in next(r["units"] for r in ok if r.get("units")) if k != "size")
+        shapes = {len(r["units"][first]) for r in ok if r.get("units")}
+        return f"the records' {kind.samples} differ in number" if len(shapes) > 1 else ""
+    shapes = {(r["units"]["size"], *(tuple(r["units"][k]) for k in kind.shared_units[:1]))
+              for r in ok if r.get("units")}
     if len(shapes) > 1:
         return "the records' units are not the same text"
     if len(next(iter(shapes))[1]) < 2:  # a bootstrap of one unit has no spread: no interval, no finding

@@ -20,13 +20,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 import torch  # noqa: E402
 
-from posenc_bench import encodings  # noqa: E402
+from posenc_bench import encodings, metrics  # noqa: E402
 from posenc_bench.bench.rows import Row, select_rows  # noqa: E402
 from posenc_bench.errors import PosencError  # noqa: E402
 from posenc_bench.analysis.intervals import Intervals  # noqa: E402
 from posenc_bench.analysis.captions import short_caption  # noqa: E402
-from posenc_bench.analysis.seeds import RATIO, mean_std, over_seeds, with_ratio_to_1x  # noqa: E402
-from posenc_bench.analysis.tables import Run, is_task, row_order, train_len  # noqa: E402
+from posenc_bench.analysis.seeds import mean_std, over_seeds, with_value  # noqa: E402
+from posenc_bench.analysis.tables import Run, is_task, kind_of, row_order, train_len  # noqa: E402
 
 FORMATS = ("png", "svg")
 DPI = 110
@@ -59,14 +59,14 @@ def add_caption(fig, runs: Sequence[Run]) -> None:
 
 def _mean_by_length(records: list[dict], row: str, iv: Optional[Intervals] = None, value: str = "ppl"
                     ) -> list[tuple[int, float, float, float]]:
-    """(eval length, mean, error below, error above) of ``value`` ("ppl", or "ratio": ppl over the same row and
-    seed's ppl at 1x) over the seeds that are ok, for every length with at least one: the interval
+    """(eval length, mean, error below, error above) of the metric ``value`` ("ppl", "ratio": ppl over the same
+    row and seed's ppl at 1x, ...) over the seeds that are ok, for every length with at least one: the interval
     (analysis/intervals.py) where ``iv`` has one, else mean ± std over seeds."""
-    records = with_ratio_to_1x(records) if value == "ratio" else records
+    records, key = with_value(records, metrics.get(value))
     out = []
     for L in sorted({r["eval_len"] for r in records if r["encoding"] == row}):
         group = [r for r in records if r["encoding"] == row and r["eval_len"] == L]
-        vals = over_seeds(group, RATIO if value == "ratio" else value).values
+        vals = over_seeds(group, key).values
         if vals:
             mean, std = mean_std(vals)
             i = iv.interval(value, row, L) if iv is not None else None
@@ -173,26 +173,16 @@ def _selected(run: Run, rows: Optional[Sequence[str]]) -> list[str]:
     return every if rows is None else [r for r in every if r in rows]
 
 
-TITLES = {
-    "ppl": ("Perplexity against eval length (same target tokens at every length). Bands: each row's own {ci} "
-            "interval, unpaired:\noverlapping bands can still differ; the paired comparisons are the table's "
-            "(report --compare, --findings)", "perplexity (lower is better)"),
-    "ratio": ("Perplexity relative to the same model at the train length (1x). Bands: the paired {ci} interval "
-              "of each row's\nratio to its own 1x, as in the ratio table", "ppl / ppl at 1x (1 = no change)"),
-    "accuracy": ("Exact match against instance size (the same test instances for every row). Bands: each row's own "
-                 "{ci} interval;\nthe paired comparisons are the table's (report --findings)",
-                 "exact match (higher is better)"),
-}
-STEMS = {"ppl": "ppl_vs_length", "ratio": "ratio_vs_length", "accuracy": "accuracy_vs_size"}
-
-
 def plot_ppl_vs_length(runs: Sequence[Run], out: Path, formats: Sequence[str] = FORMATS,
                        rows: Optional[Sequence[str]] = None, value: str = "ppl") -> list[Path]:
-    """Perplexity (``value`` "ppl") or its ratio to each row's own 1x ("ratio") against eval length, one panel
-    per family (PANELS), one line per row (per run), the train lengths marked. ``rows``: only these (default
-    every row)."""
+    """A metric with a figure (``value``: perplexity, its ratio to each row's own 1x, exact match, ...) against
+    eval length, one panel per family (PANELS), one line per row (per run), the train lengths marked. ``rows``:
+    only these (default every row)."""
+    metric = metrics.get(value)
+    suptitle, ylabel, stem = metric.plot
     order = list(dict.fromkeys(r for run in runs for r in _selected(run, rows)))
-    key = "accuracy" if value == "accuracy" else "ppl"  # the number a record must have to be drawn
+    key = metric.of or value  # the number a record must have to be drawn
+    sizes = metrics.kind(metric.kind).instances  # x: instance sizes of a task, else eval lengths
     groups = [g for g in panels(order) if any(_mean_by_length(run.data["records"], r, value=key) for run in runs
                                              for r in g[1])]
     if not groups:
@@ -217,25 +207,25 @@ def plot_ppl_vs_length(runs: Sequence[Run], out: Path, formats: Sequence[str] = 
                     look["linestyle"] = ["-", "--", ":", "-."][i % 4]
                 _line_with_band(ax, xs, ys, below, above, label, look)
         _mark_train_lengths(ax, {r["train_len"] for run in runs for r in run.data["records"]},
-                            "train size" if value == "accuracy" else "train length")
+                            "train size" if sizes else "train length")
         ax.set_xscale("log", base=2)
         ax.set_xticks(lengths, [str(L) for L in lengths])
         ax.minorticks_off()
-        if value != "accuracy" and means and max(means) / min(means) > 4:
+        if metric.bounds is None and means and max(means) / min(means) > 4:
             ax.set_yscale("log")
             for axis_format in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
                 axis_format(matplotlib.ticker.FormatStrFormatter("%g"))  # 6, not 6 x 10^0
-        ax.set_xlabel("instance size" if value == "accuracy" else "eval length (tokens)")
-        if value == "accuracy":
-            ax.set_ylim(-0.03, 1.03)
-        ax.set_ylabel(TITLES[value][1])
+        ax.set_xlabel("instance size" if sizes else "eval length (tokens)")
+        if metric.bounds is not None:
+            ax.set_ylim(metric.bounds[0] - 0.03, metric.bounds[1] + 0.03)
+        ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="best")
     ci = f"{ivs[0].ci:.0%}" if any(iv.available for iv in ivs) else None
-    fig.suptitle(TITLES[value][0].format(ci=ci) if ci else TITLES[value][0].split(" Bands:")[0] + " Bands: ± std over seeds")
+    fig.suptitle(suptitle.format(ci=ci) if ci else suptitle.split(" Bands:")[0] + " Bands: ± std over seeds")
     add_caption(fig, runs)
-    return save(fig, out, STEMS[value], formats)
+    return save(fig, out, stem, formats)
 
 
 def _loss_by_position(records: list[dict], row: str) -> tuple[int, list[tuple[float, float]]] | None:
@@ -388,10 +378,9 @@ def plot_all(runs: Sequence[Run], out: Path | str, formats: Sequence[str] = FORM
     chosen = None if rows is None else select_rows(rows, every, every)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    if all(is_task(run) for run in runs):  # a task run: exact match against size, and the encodings' pictures
-        paths = plot_ppl_vs_length(runs, out, formats, chosen, "accuracy")
-    else:
-        paths = plot_ppl_vs_length(runs, out, formats, chosen) + plot_ppl_vs_length(runs, out, formats, chosen, "ratio")
+    kinds = {kind_of(run).name for run in runs}
+    kind = kinds.pop() if len(kinds) == 1 else "ppl"  # a task run: exact match against size
+    paths = [p for m in metrics.of_kind(kind) if m.plot for p in plot_ppl_vs_length(runs, out, formats, chosen, m.name)]
     for run in [r for r in runs if not is_task(r)]:  # a task's records have no loss by position
         suffix = f"-{run.label}" if run.label else ""
         paths += plot_loss_by_position(run, out, formats, stem=f"loss_by_position{suffix}", rows=chosen)

@@ -21,27 +21,20 @@ from typing import Iterable, Optional, Sequence
 import pandas as pd
 from tabulate import tabulate
 
+from posenc_bench import metrics
 from posenc_bench.analysis.captions import caption, scored_split
 from posenc_bench.analysis.context import CONTEXT_TABLES, context_title
 from posenc_bench.analysis import findings, robustness
-from posenc_bench.analysis.intervals import CI, DIFFERENCES, MIN_EFFECT, MIN_POINTS, VALUES as TABLE_VALUES, Intervals
+from posenc_bench.analysis.intervals import CI, Intervals
 from posenc_bench.analysis.tables import (Cell, ReportError, Run, Table, annotate, build_table, compare_table,
-                                          is_task, run_intervals)
+                                          kind_of, run_intervals)
 from posenc_bench.files import atomic_write_text
 
-VALUES = TABLE_VALUES + tuple(CONTEXT_TABLES)
-DEFAULT_VALUES = ("ppl", "ratio", "training", "cost")
-TASK_VALUES = ("accuracy", "token_accuracy", "training", "depths")  # the default for task runs (depths: the needle)
+DEFAULT_VALUES = metrics.kind("ppl").tables  # a text run's tables; a task run's are its kind's (``render``)
 FORMATS = ("md", "csv", "latex", "html", "json")
 SUFFIX_FORMATS = {".md": "md", ".markdown": "md", ".csv": "csv", ".tex": "latex", ".html": "html", ".htm": "html",
                   ".json": "json"}
 BEST_NOTE = "bold: best in its column"
-SIGNIFICANT_BEST_NOTE = ("bold: best in its column and better than every other row (the paired interval of the "
-                         f"ratio excludes 1 and the difference is at least {MIN_EFFECT:.1%}); ≈: tied for best (the "
-                         "lowest mean when it is not bold, and the rows not shown to differ from it)")
-ACCURACY_BEST_NOTE = ("bold: best in its column and better than every other row (the paired interval of the "
-                      f"difference excludes 0 and the difference is at least {MIN_POINTS * 100:g} percentage point); ≈: tied for "
-                      "best (the highest mean when it is not bold, and the rows not shown to differ from it)")
 MARKER_OPEN = "<!-- posenc-bench {kind}: {key} -->"
 MARKER_CLOSE = "<!-- /posenc-bench {kind} -->"
 BLOCK_KINDS = ("table", "findings", "robustness")  # what a README block holds: `report` tables, --findings, --robustness
@@ -53,15 +46,29 @@ def records_frame(records: Iterable[dict]) -> pd.DataFrame:
     return pd.DataFrame([{c: r.get(c) for c in cols} for r in records], columns=cols)
 
 
+def values() -> list[str]:
+    """Every table a report can hold: each registered metric's, then the context tables."""
+    return metrics.tabled() + list(CONTEXT_TABLES)
+
+
 def parse_values(text: str | Sequence[str]) -> list[str]:
     items = [v.strip() for v in text.split(",")] if isinstance(text, str) else list(text)
     items = [v for v in items if v]
     for v in items:
-        if v not in VALUES:
-            raise ReportError(f"unknown table value {v!r}; valid: {', '.join(VALUES)}")
+        if v not in values():
+            raise ReportError(f"unknown table value {v!r}; valid: {', '.join(values())}")
     if not items:
-        raise ReportError(f"no table value given; valid: {', '.join(VALUES)}")
+        raise ReportError(f"no table value given; valid: {', '.join(values())}")
     return list(dict.fromkeys(items))
+
+
+def best_note(metric: metrics.Metric) -> str:
+    """What bold and ≈ mean in ``metric``'s table, when its marks rest on paired intervals."""
+    test = (f"difference excludes 0 and the difference is at least {metric.smallest * 100:g} percentage point"
+            if metric.difference else f"ratio excludes 1 and the difference is at least {metric.smallest:.1%}")
+    extreme = "highest" if metric.higher_is_better else "lowest"
+    return (f"bold: best in its column and better than every other row (the paired interval of the {test}); ≈: tied "
+            f"for best (the {extreme} mean when it is not bold, and the rows not shown to differ from it)")
 
 
 # ------------------------------------------------------------------------------------------- cell text
@@ -137,14 +144,20 @@ def _context_frame(run: Run, fmt: str, value: str) -> pd.DataFrame:
     return frame
 
 
-def _compared_values(values: list[str], tasks: bool) -> dict[int, str]:
+def _compared_values(values: list[str], kind: metrics.Kind) -> dict[int, str]:
     """Where ``--compare`` tables go among ``values`` (after the table each one compares) and what each compares:
-    ppl for text runs; for task runs exact match and the answer-token share, each where it was asked for (exact
-    match at the end when neither was)."""
-    if not tasks:
-        return {values.index("ppl") + 1 if "ppl" in values else len(values): "ppl"}
-    shares = {values.index(v) + 1: v for v in ("accuracy", "token_accuracy") if v in values}
-    return shares or {len(values): "accuracy"}
+    every metric of the runs' kind that has a comparison table (ppl for text runs; exact match and the
+    answer-token share for task runs), each where it was asked for, or the kind's primary metric at the end when
+    none was."""
+    shown = {values.index(m.name) + 1: m.name for m in metrics.of_kind(kind.name)
+             if m.compare_title and m.name in values}
+    return shown or {len(values): kind.primary}
+
+
+def _kind(runs: Sequence[Run]) -> metrics.Kind:
+    """The runs' common kind of record; text when they mix kinds."""
+    kinds = {kind_of(run).name for run in runs}
+    return metrics.kind(kinds.pop() if len(kinds) == 1 else "ppl")
 
 
 def render(runs: Sequence[Run], *, fmt: str = "md", values: Sequence[str] = DEFAULT_VALUES, digits: int = 2,
@@ -155,11 +168,12 @@ def render(runs: Sequence[Run], *, fmt: str = "md", values: Sequence[str] = DEFA
     if fmt not in FORMATS:
         raise ReportError(f"unknown report format {fmt!r}; valid: {', '.join(FORMATS)}")
     values = parse_values(values)
-    if tuple(values) == DEFAULT_VALUES and all(is_task(run) for run in runs):
-        values = list(TASK_VALUES)
+    kind = _kind(runs)
+    if tuple(values) == DEFAULT_VALUES:
+        values = list(kind.tables)
     compared = {}  # position in values -> the value compared there
     if compare is not None:
-        compared = _compared_values(values, all(is_task(run) for run in runs))
+        compared = _compared_values(values, kind)
         for at in sorted(compared, reverse=True):
             values = values[:at] + ["compare"] + values[at:]
         compared = {at + i: v for i, (at, v) in enumerate(sorted(compared.items()))}
@@ -239,7 +253,7 @@ def _best_note(table: Table, intervals: dict[str, Intervals], mark_best: bool) -
     if any(c.best or c.tied for c in table.cells.values()):
         if not any(iv.available for iv in intervals.values()):
             return "; " + BEST_NOTE
-        return "; " + (ACCURACY_BEST_NOTE if table.value in DIFFERENCES else SIGNIFICANT_BEST_NOTE)
+        return "; " + best_note(metrics.get(table.value))
     return ""
 
 

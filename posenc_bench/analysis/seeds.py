@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from posenc_bench import metrics
+
 RATIO = "ratio_1x"  # the key ``with_ratio_to_1x`` adds to each record
 
 
@@ -43,6 +45,18 @@ def ratios_to_1x(records: Sequence[dict]) -> list[Optional[float]]:
 def with_ratio_to_1x(records: Sequence[dict]) -> list[dict]:
     """Copies of ``records``, each with its ratio to 1x under RATIO (None where there is none)."""
     return [{**r, RATIO: x} for r, x in zip(records, ratios_to_1x(records))]
+
+
+def with_value(records: Sequence[dict], metric: metrics.Metric) -> tuple[Sequence[dict], str]:
+    """``records`` and the key under which each holds ``metric``'s value: its own field; RATIO for a ratio to
+    1x; or, for a metric no record field holds (a plugin's), copies with the value computed from the record's
+    per-unit numbers under the metric's name."""
+    if metric.of is not None:
+        return with_ratio_to_1x(records), RATIO
+    field = metric.record_field
+    if all(field in r for r in records):
+        return records, field
+    return [{**r, field: metrics.record_value(metric, r)} for r in records], field
 
 
 @dataclass

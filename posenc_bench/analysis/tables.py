@@ -15,29 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from posenc_bench import metrics
 from posenc_bench.errors import PosencError
-from posenc_bench.bench.records import metric_of, read_results
+from posenc_bench.bench.records import read_results
 from posenc_bench.analysis.context import plateau_note
-from posenc_bench.analysis.intervals import (CHECKPOINT, CI, DIFFERENCES, MIN_EFFECT, MIN_POINTS, MIN_SEEDS, MIN_WINDOWS,
-                                             VALUES, Intervals)
-from posenc_bench.analysis.seeds import RATIO, mean_std, over_seeds, with_ratio_to_1x
-
-TITLES = {
-    "ppl": "Perplexity (lower is better; columns: eval length as a multiple of the train length)",
-    "bpb": "Bits per byte (lower is better; columns: eval length as a multiple of the train length)",
-    "ratio": "Perplexity relative to the same model at the train length (1x)",
-    "accuracy": "Exact match: the share of test instances whose every answer token is the model's argmax (higher is "
-                "better; columns: instance size as a multiple of the train size)",
-    "token_accuracy": "Answer tokens right (higher is better; columns: instance size as a multiple of the train size)",
-}
-COMPARE_TITLES = {  # --compare REF: by the run's metric, what each cell is and what * says
-    "ppl": (f"Perplexity relative to {{ref}} at the same length (paired); *: the interval excludes 1 and the "
-            f"difference is at least {MIN_EFFECT:.1%}"),
-    "accuracy": (f"Exact match minus {{ref}}'s at the same size (paired by instance and seed); *: the interval "
-                 f"excludes 0 and the difference is at least {MIN_POINTS * 100:g} percentage point"),
-    "token_accuracy": (f"Answer tokens right minus {{ref}}'s at the same size (paired by instance and seed); *: the "
-                       f"interval excludes 0 and the difference is at least {MIN_POINTS * 100:g} percentage point"),
-}
+from posenc_bench.analysis.intervals import CHECKPOINT, CI, MIN_SEEDS, MIN_WINDOWS, Intervals
+from posenc_bench.analysis.seeds import mean_std, over_seeds, with_value
 CHECKPOINT_NOTE = (f"† this checkpoint: fewer than {MIN_SEEDS} seeds in common, so the interval covers the text only and "
                    "describes these trained models, not their recipe; another seed can move a model by more")
 ONE_SEED_NOTE = ("one seed: every interval and mark in this table is about this checkpoint (these trained models on "
@@ -119,9 +102,14 @@ def row_order(data: dict) -> list[str]:
     return list(dict.fromkeys([*(data["run"].get("rows") or []), *(r["encoding"] for r in data["records"])]))
 
 
+def kind_of(run: Run) -> metrics.Kind:
+    """What a results file's records measure (``metrics``): text (perplexity) or a task (exact match)."""
+    return metrics.kind_of(run.data["records"])
+
+
 def is_task(run: Run) -> bool:
     """Whether a results file holds a task run (exact match) rather than text (perplexity)."""
-    return metric_of(run.data["records"]) == "accuracy"
+    return kind_of(run).instances
 
 
 def train_len(run: dict) -> int:
@@ -147,26 +135,26 @@ def _summarize(group: list[dict], value: str) -> Cell:
 
 def build_table(runs: Sequence[Run], value: str, *, digits: int = 2, mark_best: bool = True,
                 notes: dict[str, str] | None = None, intervals: Optional[dict[str, Intervals]] = None) -> Table:
-    """One value ('ppl' | 'bpb' | 'ratio') for every row of every run. ``notes`` (reason -> mark) is shared
+    """One value (a registered metric: 'ppl' | 'bpb' | 'ratio' | ...) for every row of every run. ``notes`` (reason -> mark) is shared
     between the tables of one report, so a reason has the same footnote number everywhere. ``intervals`` (run
     label -> Intervals) adds each cell's interval and decides bold and ties by significance."""
-    if value not in VALUES:
-        raise ReportError(f"unknown table value {value!r}; valid: {', '.join(VALUES)}")
+    if value not in metrics.tabled():
+        raise ReportError(f"unknown table value {value!r}; valid: {', '.join(metrics.tabled())}")
+    metric = metrics.get(value)
     notes = {} if notes is None else notes
     intervals = intervals or {}
-    key = RATIO if value == "ratio" else value
     rows = list(dict.fromkeys(r for run in runs for r in row_order(run.data)))
     columns: list[Column] = []
     groups: dict[tuple[str, int], list[dict]] = {}
     for run in runs:
-        records = with_ratio_to_1x(run.data["records"]) if value == "ratio" else run.data["records"]
+        records, key = with_value(run.data["records"], metric)
         for L, T in sorted({(rec["eval_len"], rec["train_len"]) for rec in records}):
             columns.append(Column(run.label, L, T))
             for rec in records:
                 if rec["eval_len"] == L and rec["train_len"] == T:
                     groups.setdefault((rec["encoding"], len(columns) - 1), []).append(rec)
     rows = [r for r in rows if any((r, j) in groups for j in range(len(columns)))]
-    table = Table(value, TITLES[value], rows, columns, digits=digits)
+    table = Table(value, metric.title, rows, columns, digits=digits)
     for row in rows:  # reading order, so footnotes number left to right, top to bottom
         for j in range(len(columns)):
             group = groups.get((row, j))
@@ -196,12 +184,13 @@ def _mark_best(table: Table, intervals: dict[str, Intervals]) -> None:
         if len(shown) < 2:
             continue
         iv = intervals.get(col.run)
+        pick = max if metrics.get(table.value).higher_is_better else min  # accuracy: the highest
         if iv is None or not iv.available:
-            best = (max if table.value in DIFFERENCES else min)(round(v, table.digits) for v in shown.values())
+            best = pick(round(v, table.digits) for v in shown.values())
             for row, v in shown.items():
                 table.cells[row, j].best = round(v, table.digits) == best
             continue
-        best = (max if table.value in DIFFERENCES else min)(shown, key=shown.get)  # accuracy: the highest
+        best = pick(shown, key=shown.get)
         comparisons = {row: iv.compare(table.value, row, best, col.eval_len) for row in shown if row != best}
         for row, c in comparisons.items():
             cell = table.cells[row, j]
@@ -224,8 +213,9 @@ def compare_table(runs: Sequence[Run], ref: str, intervals: dict[str, Intervals]
         raise ReportError(f"--compare {ref!r}: no such row in the results; rows: {', '.join(rows)}")
     columns = [Column(run.label, L, T) for run in runs
                for L, T in sorted({(r["eval_len"], r["train_len"]) for r in run.data["records"]})]
-    value = value or ("accuracy" if all(is_task(run) for run in runs) else "ppl")
-    table = Table("compare", COMPARE_TITLES[value].format(ref=ref), rows, columns, digits=digits)
+    kinds = {kind_of(run).name: kind_of(run) for run in runs}
+    value = value or (next(iter(kinds.values())).primary if len(kinds) == 1 else "ppl")
+    table = Table("compare", metrics.get(value).compare_title.format(ref=ref), rows, columns, digits=digits)
     for row in rows:
         for j, col in enumerate(columns):
             iv = intervals.get(col.run)
@@ -269,7 +259,7 @@ def annotate(table: Table, runs: Sequence[Run], intervals: dict[str, Intervals],
     for j, col in enumerate(table.columns):
         iv = intervals.get(col.run)
         if iv is not None and iv.available and iv.windows(col.eval_len) < MIN_WINDOWS:
-            samples = ("test instances" if iv.metric == "accuracy" else
+            samples = (iv.kind.samples if iv.kind.instances else
                        f"independent windows of {col.eval_len} tokens")
             table.notes.append(f"{col.header()}: only {iv.windows(col.eval_len)} {samples}; its intervals rest on "
                                "few samples")

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
+from posenc_bench import metrics
 from posenc_bench.errors import PosencError, PositionOutOfRange
 from posenc_bench.files import atomic_write_json, atomic_write_text
 
@@ -86,21 +87,15 @@ class ResultsStore:
 
 # ---- the record ----------------------------------------------------------------------------------------
 
-METRICS = ("ppl", "accuracy")  # what a record's numbers measure: text (ppl), or a task (exact match)
 MEASURED = ("ppl", "bpb", "loss", "tokens", "bytes", "loss_by_position", "units", "eval_time_s", "peak_memory_bytes",
             "peak_memory_kind", "accuracy", "token_accuracy", "instances", "by_depth")
-
-
-def metric_of(records: Iterable[dict]) -> str:
-    """What a set of records measures: "accuracy" (a task run) when any record says so, else "ppl"."""
-    return "accuracy" if any(r.get("metric") == "accuracy" for r in records) else "ppl"
 
 
 def new_record(run: dict, row: str, seed: int, eval_len: int, *, metric: str = "ppl", **fields: Any) -> dict:
     """The record of one (row, seed, eval length), not yet measured: what it is, then the row's own
     ``fields`` (keys, training figures, ...), then where it was measured (from the run's metadata)."""
-    if metric not in METRICS:
-        raise ValueError(f"unknown metric {metric!r}; valid: {', '.join(METRICS)}")
+    if metric not in metrics.KINDS:
+        raise ValueError(f"unknown metric {metric!r}; valid: {', '.join(metrics.KINDS)}")
     train_len = run["train_len"]
     rec = {"encoding": row, "base_encoding": fields.pop("base_encoding", row), "window": fields.pop("window", None),
            "seed": seed, "train_len": train_len, "eval_len": eval_len, "ratio": eval_len / train_len, "metric": metric,
@@ -192,8 +187,8 @@ def run_meta(*, rows: list[str], train_len: int, eval_lengths: list[int], corpus
 
 
 def summary_line(row: str, records: list[dict]) -> str:
-    """One line of a cell's numbers: ppl at each length, or a task's exact match."""
-    value = metric_of(records)
+    """One line of a cell's numbers: ppl at each length, or a task's exact match (its kind's primary metric)."""
+    value = metrics.kind_of(records).primary
     return f"  {row}: {value} " + ", ".join(
         f"{r['eval_len']}: {r[value]:.3f}" if r["status"] == "ok" else f"{r['eval_len']}: {r['status']}" for r in records
     )

@@ -55,7 +55,8 @@ def test_the_table_and_the_gate_read_the_same_numbers():
 
     data = results()
     table = build_table([Run("", "", data)], "ratio", mark_best=False)
-    ppl, ratio = gate._cells(data)["rope", 200]
+    cells = gate._cells(data)["rope", 200]
+    ppl, ratio = cells["ppl"], cells["ratio"]
     assert table.cells["rope", 1].mean == mean_std(ratio.values)[0] == 1.75
     assert table.cells["rope", 1].std == mean_std(ratio.values)[1] == pytest.approx(math.sqrt(0.125))
-    assert ppl.values == [8.0, 9.0] and gate._cells(data)["learned", 200][0].reason == "table has 100 rows"
+    assert ppl.values == [8.0, 9.0] and gate._cells(data)["learned", 200]["ppl"].reason == "table has 100 rows"
