@@ -158,6 +158,17 @@ def load_model(path: Path | str, encoding: Optional[str] = None, device: str | t
     """Our checkpoint -> (model in eval mode on ``device``, checkpoint), with its own encoding or an eval-only
     variant of its trained encoding (``encoding``, e.g. rope-yarn on the rope checkpoint)."""
     ckpt = read(path)
+    row = evaluated_row(ckpt, encoding)
+    if not ckpt.finished_ok:
+        raise CheckpointError(f"checkpoint {str(ckpt.path)!r} holds no weights: its training "
+                              f"{ckpt.meta['outcome'].get('reason') or 'did not finish'}")
+    model = ckpt.load_into(build_model(ckpt.config, row, ckpt.meta["seed"]))
+    return model.to(device).eval(), ckpt
+
+
+def evaluated_row(ckpt: Checkpoint, encoding: Optional[str] = None) -> Row:
+    """The row ``load_model`` evaluates: the checkpoint's own, or the eval-only ``encoding`` (a row name, e.g.
+    rope-yarn) on the window it was trained with; ConfigError when that row does not evaluate this model."""
     trained = ckpt.row
     row = trained if encoding is None else Row(Row.parse(encoding).encoding, trained.window)
     if row.model != trained:
@@ -166,11 +177,7 @@ def load_model(path: Path | str, encoding: Optional[str] = None, device: str | t
                               f"(checkpoints/{row.name}-seed<s>), not the {trained.name!r} one")
         raise ConfigError(f"encoding {row.encoding!r} does not evaluate the trained {trained.encoding!r} model; "
                           f"variants of it: {', '.join(encodings.variants(trained.encoding)) or '(none)'}")
-    if not ckpt.finished_ok:
-        raise CheckpointError(f"checkpoint {str(ckpt.path)!r} holds no weights: its training "
-                              f"{ckpt.meta['outcome'].get('reason') or 'did not finish'}")
-    model = ckpt.load_into(build_model(ckpt.config, row, ckpt.meta["seed"]))
-    return model.to(device).eval(), ckpt
+    return row
 
 
 def cell_key_of(path: Path | str) -> Optional[str]:

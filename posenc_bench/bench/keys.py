@@ -9,6 +9,9 @@
 
 :class:`Keys` computes each key of a run once. Keys of rows without encoding options are the ones results
 were made with before options were keyed per row, so those checkpoints stay reusable.
+
+Every cell key holds the NUMERICS version (``NUMERICS``), never the package's release version: a release
+that changes no number keeps every committed checkpoint and record reusable.
 """
 
 from __future__ import annotations
@@ -21,6 +24,24 @@ from typing import Optional
 from posenc_bench.bench.config import RunConfig
 from posenc_bench.bench.rows import Row
 
+NUMERICS = 1
+"""The version of the numbers: bump it by hand (2, 3, ...) in the change that makes the same config give
+other numbers on purpose (the initialisation, the training loop, the data stream, an encoding's maths, how
+a record is scored), and never otherwise: not for a release, a refactor, a new encoding, option or row (those
+key themselves), a faster kernel that is tested equal to the old one. It is hashed into every ``cell_key``
+(the key records are reused on too), so a bump retrains every model and re-measures every record: regenerate
+the committed folders in the same change ("When numbers move" in docs/contributing.md)."""
+
+# What a cell key hashes under "version" at each NUMERICS version. 1 is the release string every committed
+# key was made with before there was a NUMERICS version, so those keys stay byte-for-byte what they were.
+_HASHED = {1: "0.1.0"}
+
+
+def hashed_numerics(numerics: int) -> str:
+    """The value a cell key hashes for ``numerics``: "0.1.0" for 1 (the keys made before it existed), and
+    "numerics <n>" for every later version, which no release string can equal."""
+    return _HASHED.get(numerics, f"numerics {numerics}")
+
 
 def _hash(ident: dict) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -30,13 +51,12 @@ def cell_key(cfg: RunConfig, trained: Row, seed: int, corpus_fingerprint: str) -
     """Hash of everything that determines the weights of the trained row ``trained``.
 
     Includes the corpus fingerprint (the documents themselves, not just the source name), the precision and
-    the package version, so changed data or code never silently reuses an old checkpoint. Of the encoding
+    the numerics version (``NUMERICS``, not the release), so changed data or numbers never silently reuse an
+    old checkpoint. Of the encoding
     options only the trained encoding's own: changing ``t5.num_buckets`` retrains t5, not rope; plus what the
     encoding resolves from them (``Encoding.key_options``, e.g. ``learned+rand``'s default position range),
     without those that only choose how it is evaluated (``eval_option_names``: ``+rand``'s eval positions).
     """
-    from posenc_bench import __version__
-
     name = trained.encoding
     model = asdict(cfg.model)
     model["encoding_options"] = {k: v for k, v in model["encoding_options"].items() if k == name}
@@ -53,7 +73,7 @@ def cell_key(cfg: RunConfig, trained: Row, seed: int, corpus_fingerprint: str) -
         "data": data_ident(cfg),
         "corpus": corpus_fingerprint,
         "precision": cfg.precision,
-        "version": __version__,
+        "version": hashed_numerics(NUMERICS),  # the key's name "version" kept: the hashed identity is unchanged
     }
     resolved = trained.cls.key_options(cfg.train.train_len, cfg.model.encoding_options.get(name, {}))
     if resolved:  # e.g. +rand's position range; absent for every other encoding, whose keys stay as they were

@@ -22,6 +22,7 @@ from typing import Callable, Optional, Protocol, Sequence
 
 import torch
 
+from posenc_bench.bench.records import measured_passkey, not_measured, passkey_record
 from posenc_bench.errors import ConfigError, PositionOutOfRange
 from posenc_bench.files import atomic_write_json, atomic_write_text
 
@@ -102,20 +103,14 @@ def passkey_sweep(lm: PasskeyLM, lengths: Sequence[int], depths: Sequence[float]
         try:
             lm.set_length(L)
         except PositionOutOfRange as e:
-            records += [{"length": L, "ratio": L / lm.train_len, "depth": d, "status": "n/a", "reason": str(e),
-                         "trials": 0, "correct": 0, "accuracy": None} for d in depths]
+            records += [not_measured(passkey_record(L, lm.train_len, d), "n/a", str(e)) for d in depths]
             log(f"  {lm.name} L={L}: n/a ({e})")
             continue
         for d in depths:
             rng = random.Random(f"{seed}:{L}:{d}")
-            correct = 0
-            keys = []
-            for _ in range(trials):
-                key = _key(rng)
-                keys.append(key)
-                correct += run_trial(lm, build_prompt(lm, L, d, key))
-            records.append({"length": L, "ratio": L / lm.train_len, "depth": d, "status": "ok", "reason": "",
-                            "trials": trials, "correct": correct, "accuracy": correct / trials, "keys": keys})
+            keys = [_key(rng) for _ in range(trials)]
+            correct = sum(run_trial(lm, build_prompt(lm, L, d, key)) for key in keys)
+            records.append(measured_passkey(passkey_record(L, lm.train_len, d), keys, correct))
         row = ", ".join(f"{r['depth']:g}: {r['correct']}/{r['trials']}" for r in records if r["length"] == L)
         log(f"  {lm.name} L={L}: {row}")
     return {"model": lm.name, "train_len": lm.train_len, "threshold": threshold, "seed": seed,
@@ -239,12 +234,12 @@ class CheckpointLM:
 
         self.device = resolve_device(device)
         self.model, ckpt = checkpoint.load_model(path, encoding, self.device)
-        name, window = encoding or ckpt.meta["encoding"], ckpt.meta["window"]
-        self.name = name + (f"+sw{window}" if window else "") + f" ({ckpt.path})"
+        row = checkpoint.evaluated_row(ckpt, encoding)  # rope+sink4 on the rope+sw64 model: rope+sw64+sink4
+        self.name = f"{row.name} ({ckpt.path})"
         self.train_len = ckpt.config.train.train_len
         self.tokenizer = ByteTokenizer() if ckpt.config.data.tokenizer == "bytes" else ckpt.corpus().tokenizer
         self.bos = self.tokenizer.bos
-        self.checkpoint_meta = {"path": str(ckpt.path), "cell_key": ckpt.meta.get("cell_key"), "encoding": name}
+        self.checkpoint_meta = {"path": str(ckpt.path), "cell_key": ckpt.meta.get("cell_key"), "encoding": row.encoding}
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode_documents([text.encode("utf-8")])[0].tolist()

@@ -134,6 +134,19 @@ def model_record(run: dict, row: "Row", seed: int, eval_len: int, *, keys: dict,
     return rec
 
 
+def passkey_record(length: int, train_len: int, depth: float) -> dict:
+    """The record of one passkey (length, depth) of ``bench/passkey.py``, not yet measured (its passkey.json
+    fields, in their order): ``measured_passkey`` fills in the trials, ``not_measured`` marks it n/a."""
+    return {"length": length, "ratio": length / train_len, "depth": depth, "status": "ok", "reason": "",
+            "trials": 0, "correct": 0, "accuracy": None}
+
+
+def measured_passkey(rec: dict, keys: list[str], correct: int) -> dict:
+    """``rec`` with the keys tried at its (length, depth) and how many the model retrieved."""
+    rec.update(trials=len(keys), correct=correct, accuracy=correct / len(keys), keys=keys)
+    return rec
+
+
 def _rounded(x: Optional[float], digits: int) -> Optional[float]:
     return None if x is None else round(x, digits)
 

@@ -8,8 +8,9 @@ window; ``rope+sw64+sink4`` is the encoding ``rope+sink4`` on the model trained 
 
 :class:`Row` is the one place that reads a name. It knows the registered encoding it builds, the window, the
 sinks, the trained model it reads (``rope-linear+sw64`` reads ``rope+sw64``'s checkpoint), whether it
-fine-tunes that model first (``-ft`` rows own a checkpoint of their own) or only evaluates it. Every other
-module asks a Row; none parses a name again.
+fine-tunes that model first (``-ft`` rows own a checkpoint of their own) or only evaluates it, and the suffix
+that names it on that model (``eval --rope-scaling``). Every other module asks a Row; none parses a name
+again (``tests/bench/test_rows.py`` reads the package to keep it so).
 """
 
 from __future__ import annotations
@@ -83,6 +84,21 @@ class Row:
         """(S sinks, their window or None for the trained window) of an attention-sink row, else None."""
         return self.cls.attention_sinks
 
+    @property
+    def suffix(self) -> str:
+        """What this row adds to the name of its trained row's encoding (the inverse of ``variant``): yarn for
+        rope-yarn, sink4+sw124 for rope+sink4+sw124, linear-ft for rope-linear-ft; "" for a trained row."""
+        base = self.cls.trained_as
+        if base is None:
+            return ""
+        head, rest = self.encoding[: len(base) + 1], self.encoding[len(base) + 1 :]
+        return rest if head in (f"{base}-", f"{base}+") else self.encoding
+
+    def with_sinks(self, count: int, window: Optional[int] = None) -> "Row":
+        """The attention-sink row of this trained row: ``count`` sinks in a cache of ``window`` keys (None: the
+        window the model was trained with), e.g. Row("rope").with_sinks(4, 124) is rope+sink4+sw124."""
+        return self.variant(f"sink{count}" + (f"+sw{window}" if window is not None else ""))
+
     def variant(self, suffix: str) -> "Row":
         """The zero-shot row ``suffix`` of this trained row: yarn -> rope-yarn, rerope -> rope-rerope,
         sink4+sw124 -> rope+sink4+sw124 (same window). ConfigError when no registered encoding of that name
@@ -133,23 +149,29 @@ def _checked(spec: str, row: Row) -> Row:
 
 def select_rows(value: str, base: list[str], every: Optional[list[str]] = None) -> list[str]:
     """The selection syntax of ``run --encodings`` and ``plot --rows``: 'rope,alibi' replaces ``base``;
-    '-learned' removes a row (and its windowed rows) from it; 'all' is ``every``. Without ``every``: rows of
-    registered encodings ('all' = every registered one, 'rope+sw64' allowed); with it, only rows in ``every``
-    (e.g. a results file's rows, which may be a pretrained model's), and a name outside it is a ConfigError
-    listing them."""
+    '-learned' removes a row and its windowed rows (learned+sw64: a window is not another encoding), never
+    another row whose name starts the same way ('-rope' keeps rope+rand, rope-yarn and rope+sw64+sink4);
+    'all' is ``every``. Without ``every``: rows of registered encodings ('all' = every registered one,
+    'rope+sw64' allowed); with it, only rows in ``every`` (e.g. a results file's rows, which may be a
+    pretrained model's), and a name outside it is a ConfigError listing them."""
     items = [v.strip() for v in value.split(",") if v.strip()]
     plus = [i for i in items if not i.startswith("-")]
     minus = {i[1:] for i in items if i.startswith("-")}
     chosen: list[str] = []
     for item in plus or base:
         chosen.extend((encodings.available() if every is None else every) if item == "all" else [item])
-
-    def unwindowed(row: str) -> str:
-        return Row.parse(row).encoding if every is None else row.split("+", 1)[0]
-
     for item in list(chosen) + sorted(minus):
         if every is None:
             Row.parse(item)  # unknown names fail here, listing the valid ones
-        elif item not in every and not any(unwindowed(r) == item for r in every):
+        elif item not in every and not any(_unwindowed(r) == item for r in every):
             raise ConfigError(f"row {item!r} is not in the results; rows: {', '.join(every)}")
-    return [c for c in dict.fromkeys(chosen) if c not in minus and unwindowed(c) not in minus]
+    return [c for c in dict.fromkeys(chosen) if c not in minus and _unwindowed(c) not in minus]
+
+
+def _unwindowed(name: str) -> str:
+    """The row ``name`` without the window its model was trained with (rope+sw64 -> rope; rope+rand stays);
+    a results file's row that is no row of ours (a Hugging Face model's, ``hf:smollm2+yarn``) is itself."""
+    try:
+        return Row.parse(name).encoding
+    except ConfigError:
+        return name

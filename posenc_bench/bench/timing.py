@@ -36,6 +36,7 @@ from posenc_bench import encodings
 from posenc_bench.bench import eval_memory
 from posenc_bench.bench.measure import CLOCK_STEPS, alternate_rounds, clock_resolution, measure, median, speed_words
 from posenc_bench.bench.references import floor_fns, hf_rotary, llama_like, textbook_sinusoidal
+from posenc_bench.bench.rows import Row
 from posenc_bench.encodings.sinks import PAPER_SINKS
 from posenc_bench.env import cpu_name, git_commit, precision_dtype, resolve_device
 from posenc_bench.errors import ConfigError
@@ -76,7 +77,7 @@ def rope_fixes(train_len: int) -> list[str]:
     ReRoPE, Self-Extend: the registry's "rotary fix (zero-shot)" family), and rope with the paper's attention
     sinks in a cache of the train length."""
     return (encodings.variants("rope", family="rotary fix (zero-shot)")
-            + [f"rope+sink{PAPER_SINKS}+sw{train_len - PAPER_SINKS}"])
+            + [Row("rope").with_sinks(PAPER_SINKS, train_len - PAPER_SINKS).encoding])
 
 
 def machine(device: torch.device) -> dict:

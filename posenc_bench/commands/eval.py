@@ -42,8 +42,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def cmd(args: argparse.Namespace) -> int:
     from posenc_bench.analysis.report import results_markdown, write_tables
-    from posenc_bench.bench.pretrained import EvalOptions, run_eval
-    from posenc_bench.hf.rope import parse_scalings
+    from posenc_bench.bench.pretrained import EvalOptions, parse_scalings, run_eval
 
     opts = EvalOptions(
         model=args.model,

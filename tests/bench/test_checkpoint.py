@@ -176,3 +176,16 @@ def test_encoding_state_is_the_trained_encodings_own_tensors(trained):
     assert state and state.keys() == expected.keys() and all(torch.equal(v, expected[k]) for k, v in state.items())
     with pytest.raises(CheckpointError, match="is not a posenc-bench checkpoint folder"):
         checkpoint.encoding_state(trained / "nowhere")
+
+
+def test_the_row_a_checkpoint_is_evaluated_as_is_named_by_row():
+    """``evaluated_row`` (what `passkey` labels its model with): sinks added to the model trained with a window
+    are rope+sw64+sink4, not the zero-shot rope+sink4+sw64 row."""
+    from types import SimpleNamespace
+
+    from posenc_bench.bench.rows import Row
+
+    windowed = SimpleNamespace(row=Row("rope", 64))
+    assert checkpoint.evaluated_row(windowed).name == "rope+sw64"
+    assert checkpoint.evaluated_row(windowed, "rope+sink4").name == "rope+sw64+sink4"
+    assert checkpoint.evaluated_row(windowed, "rope-yarn").name == "rope-yarn+sw64"

@@ -132,3 +132,22 @@ def test_passkey_on_a_hugging_face_model_with_its_tokenizer_and_a_scaling(llama_
     assert data["model"] == "hf:tiny-llama+yarn" and {r["length"] for r in data["records"]} == {256, 512}
     assert data["checkpoint"]["model"]["class"] == "LlamaForCausalLM"
     assert main(["passkey", "--model", f"hf:{llama_dir}", "--encoding", "rope-yarn"]) == 2
+
+
+def test_passkey_records_come_from_the_record_builder_with_the_fields_they_always_had():
+    """records.passkey_record is the one builder; passkey.json's records keep their fields, values and order
+    (the old inline dicts, below, are the reference)."""
+    import random
+
+    def old(L, d, status, reason, keys=None):
+        if status == "n/a":
+            return {"length": L, "ratio": L / 256, "depth": d, "status": "n/a", "reason": reason, "trials": 0,
+                    "correct": 0, "accuracy": None}
+        return {"length": L, "ratio": L / 256, "depth": d, "status": "ok", "reason": "", "trials": 2,
+                "correct": 2, "accuracy": 1.0, "keys": keys}
+
+    result = passkey.passkey_sweep(ByteOracle(max_len=300), [256, 512], [0.0, 1.0], trials=2, log=lambda s: None)
+    rng = {d: random.Random(f"0:256:{d}") for d in (0.0, 1.0)}
+    expected = [old(256, d, "ok", "", [str(rng[d].randint(10000, 99999)) for _ in range(2)]) for d in (0.0, 1.0)]
+    expected += [old(512, d, "n/a", "table has 300 rows") for d in (0.0, 1.0)]
+    assert json.dumps(result["records"]) == json.dumps(expected)

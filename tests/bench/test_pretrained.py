@@ -212,3 +212,25 @@ def test_long_docs_without_a_long_enough_document_is_one_line_and_exit_2(model, 
                  "--long-docs", "--eval-tokens", "64", "--out", str(tmp_path / "o"), "--progress", "off"]) == 2
     err = capsys.readouterr().err.strip()
     assert "has 385 tokens (--long-docs" in err and "--split all" not in err and "\n" not in err
+
+
+def test_every_fix_row_is_accepted_for_hugging_face_models_but_a_bare_sink():
+    from posenc_bench.bench.pretrained import parse_scalings, require_hf
+
+    rows = parse_scalings("all,ntk,rerope,leaky,selfextend,sink4+sw60")
+    require_hf(rows)
+    with pytest.raises(Exception, match="trained without a sliding window"):
+        require_hf(["sink4"])
+
+
+def test_rope_scaling_names_are_the_suffixes_of_the_rope_rows():
+    """The names ``--rope-scaling`` takes are the rope model's zero-shot rows by suffix (``Row.suffix``)."""
+    from posenc_bench.bench.pretrained import checkpoint_scalings, parse_scalings
+    from posenc_bench.errors import ConfigError
+
+    assert checkpoint_scalings() == ["linear", "ntk", "dynamic", "yarn", "llama3", "rerope", "leaky", "selfextend"]
+    assert parse_scalings("yarn,sink4+sw60,sink4,none,yarn") == ["yarn", "sink4+sw60", "sink4"]
+    assert parse_scalings("") == [] and parse_scalings("all") == list(hf_rope.SCALINGS)
+    for bad in ("linear-ft", "rand", "sink4+sw0", "bca"):  # fine-tuned, trained, a bad sink window, xpos's fix
+        with pytest.raises(ConfigError, match="is not a scaling; valid: linear, dynamic, yarn, llama3, ntk"):
+            parse_scalings(bad)

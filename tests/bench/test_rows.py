@@ -1,5 +1,7 @@
 """A row is parsed once from its name, and knows what it evaluates: encoding, window, sinks, its trained model."""
 
+from pathlib import Path
+
 import pytest
 
 from posenc_bench.bench.rows import Row, select_rows, variant_name
@@ -55,6 +57,10 @@ def test_zero_shot_variants_of_a_trained_row():
     assert rope.variant("yarn") == Row("rope-yarn", 64) and rope.variant("rerope").name == "rope-rerope+sw64"
     assert Row("rope").variant("sink4+sw124") == Row("rope+sink4+sw124")
     assert variant_name("alibi", "yarn") == "alibi-yarn" and variant_name("rope", "sink4+sw60") == "rope+sink4+sw60"
+    assert [Row.parse(n).suffix for n in ("rope-yarn+sw64", "rope+sink4+sw124", "rope+sw64+sink4", "xpos+bca",
+                                          "rope-linear-ft", "rope", "rope+rand")] == [
+        "yarn", "sink4+sw124", "sink4", "bca", "linear-ft", "", ""]  # the inverse of variant, on the trained row
+    assert Row("rope").with_sinks(4, 124) == Row("rope+sink4+sw124") and rope.with_sinks(2).name == "rope+sw64+sink2"
     with pytest.raises(ConfigError, match="no registered encoding 'alibi-yarn' evaluates the trained 'alibi' model"):
         Row("alibi").variant("yarn")
     with pytest.raises(ConfigError, match="'rope-linear-ft' evaluates"):  # fine-tuned rows are not zero-shot
@@ -73,3 +79,64 @@ def test_select_rows_replaces_removes_and_lists_the_valid_names():
         select_rows("alibi", every, every)
     with pytest.raises(UnknownEncodingError):
         select_rows("rotary", base)
+
+
+# ---- no other module reads a row's name ---------------------------------------------------------------------
+
+PACKAGE = Path(__file__).resolve().parents[2] / "posenc_bench"
+# the homes of the row grammar: Row, and the attention-sink name pattern it asks (registered by encodings/)
+ROW_HOMES = {"bench/rows.py", "encodings/sinks.py"}
+_PARSING_METHODS = {"split", "rsplit", "partition", "rpartition", "removeprefix", "removesuffix", "startswith",
+                    "endswith", "index", "find", "rfind", "replace"}
+_GRAMMAR_PIECES = ("+", "-ft")  # in any argument
+_GRAMMAR_WORDS = ("sw", "sink")  # as a whole argument
+
+
+def _row_tokens() -> set[str]:
+    from posenc_bench import encodings
+
+    return {t for n in encodings.available() for t in (n, f"{n}-", f"{n}+")}
+
+
+def row_name_parsing(source: str, tokens: set[str]) -> list[str]:
+    """Where ``source`` reads a row's name itself: a string method called with a piece of the row grammar
+    ('+', '-ft', 'sw', 'sink', an encoding's name as a prefix: 'rope-') or the sink pattern's parser."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _PARSING_METHODS:
+            for arg in node.args:
+                values = arg.elts if isinstance(arg, ast.Tuple) else [arg]
+                for v in values:
+                    if isinstance(v, ast.Constant) and isinstance(v.value, str) and (
+                            v.value in tokens or v.value in _GRAMMAR_WORDS or any(g in v.value for g in _GRAMMAR_PIECES)):
+                        found.append(f"line {node.lineno}: .{node.func.attr}({v.value!r})")
+        if isinstance(node, ast.Attribute) and node.attr == "parse" and isinstance(node.value, ast.Name) \
+                and node.value.id in ("sinks", "sink_rows"):
+            found.append(f"line {node.lineno}: {node.value.id}.parse")
+        if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("encodings.sinks") \
+                and any(a.name == "parse" for a in node.names):
+            found.append(f"line {node.lineno}: imports encodings.sinks.parse")
+    return found
+
+
+def test_no_module_but_rows_parses_a_row_name():
+    """A row's meaning comes from ``Row`` (bench/rows.py), never from reading its name again: no other module
+    splits a name on '+', strips 'rope-', looks for '+sw', '+rand' or '-ft', or asks the sink pattern."""
+    tokens = _row_tokens()
+    bad = [f"{path.relative_to(PACKAGE)} {hit}" for path in sorted(PACKAGE.rglob("*.py"))
+           if str(path.relative_to(PACKAGE)) not in ROW_HOMES
+           for hit in row_name_parsing(path.read_text(), tokens)]
+    assert not bad, "ask bench/rows.Row instead:\n" + "\n".join(bad)
+
+
+def test_the_row_name_guard_sees_what_it_must():
+    tokens = _row_tokens()
+    for parsing in ['row.split("+", 1)[0]', 'name.rpartition("+")', 'n.removeprefix("rope-")', 'e.endswith("-ft")',
+                    'sinks.parse(name)', 'from posenc_bench.encodings.sinks import parse', 'r.startswith("rope")',
+                    'tail.startswith(("sw", "x"))']:
+        assert row_name_parsing(parsing, tokens), parsing
+    for fine in ['value.split(",")', 'spec.partition(":")', 'name.startswith("hf:")', 'Row.parse(name).encoding',
+                 'key.removeprefix("config.")']:
+        assert not row_name_parsing(fine, tokens), fine

@@ -47,10 +47,3 @@ def test_scaling_is_what_transformers_computes_for_that_config(llama_dir, scalin
     (restored,) = model.rotary_modules()
     assert restored.rope_type == "default"  # the original module is back after the block
     torch.testing.assert_close(restored.inv_freq, default_inv_freq)
-
-
-def test_every_fix_row_is_accepted_for_hugging_face_models_but_a_bare_sink():
-    rows = hf_rope.parse_scalings("all,ntk,rerope,leaky,selfextend,sink4+sw60")
-    hf_rope.require_hf(rows)
-    with pytest.raises(Exception, match="trained without a sliding window"):
-        hf_rope.require_hf(["sink4"])
