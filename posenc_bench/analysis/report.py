@@ -365,10 +365,13 @@ def update_file(path: str | Path, key: str, table: str, kind: str = "table") -> 
 # ------------------------------------------------------------- what `run` writes beside results.json
 
 
-def write_tables(out: Path | str, data: dict) -> None:
-    """results.csv and table.md of a results folder, from its results (``run``, ``eval`` and ``merge`` write them)."""
+def write_tables(out: Path | str, data: dict) -> str:
+    """results.csv and table.md of a results folder, from its results (``run``, ``eval`` and ``merge`` write them);
+    returns table.md's text, rendered once, for the command to print."""
+    table = results_markdown(data)
     atomic_write_text(Path(out) / "results.csv", results_csv(data))
-    atomic_write_text(Path(out) / "table.md", results_markdown(data))
+    atomic_write_text(Path(out) / "table.md", table)
+    return table
 
 
 def results_markdown(data: dict) -> str:

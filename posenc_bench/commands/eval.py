@@ -41,7 +41,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def cmd(args: argparse.Namespace) -> int:
-    from posenc_bench.analysis.report import results_markdown, write_tables
+    from posenc_bench.analysis.report import write_tables
     from posenc_bench.bench.pretrained import EvalOptions, parse_scalings, run_eval
 
     opts = EvalOptions(
@@ -55,8 +55,8 @@ def cmd(args: argparse.Namespace) -> int:
         show_progress=progress_choice(args),
     )
     out, data = run_eval(opts)  # results.json
-    write_tables(out, data)
+    table = write_tables(out, data)
     print(f"wrote {out}/results.json, results.csv, table.md")
     print()
-    print(results_markdown(data).rstrip())
+    print(table.rstrip())
     return 0

@@ -18,15 +18,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def cmd(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from posenc_bench.analysis.report import results_markdown, write_tables
+    from posenc_bench.analysis.report import write_tables
     from posenc_bench.bench.shard import find_inputs, merge_into, missing_cells
     from posenc_bench.tokenizer import file_name
 
     files = find_inputs(args.inputs)
     out = Path(args.out)
     data, missing, absent = merge_into(files, out, args.partial)
-    write_tables(out, data)
-    print(results_markdown(data).rstrip())
+    print(write_tables(out, data).rstrip())
     cells = len({(r["encoding"], r["seed"]) for r in data["records"]})
     print(f"\nmerged {cells} cell(s) from {len(files)} file(s) into {out}/results.json, results.csv, table.md")
     if missing:

@@ -139,10 +139,9 @@ def cmd(args: argparse.Namespace) -> int:
     finally:
         if dist is not None:
             dist.close()
-    if shard is None:  # a shard's table is merge's
-        write_tables(cfg.out, data)
+    table = write_tables(cfg.out, data) if shard is None else results_markdown(data)  # a shard's table is merge's
     print()
-    print(results_markdown(data).rstrip())
+    print(table.rstrip())
     failed = unlearned_rows(data["records"])
     if failed:
         print(f"\nnote: {', '.join(failed)} did not learn the task (exact match at 1x below 90%): their "

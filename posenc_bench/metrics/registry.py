@@ -7,7 +7,8 @@ worth marking, the gate's tolerance for it and the captions of its table and fig
 with their NLL, token and byte counts) or a task (``accuracy``: one unit per test instance). A kind names the
 metric compared between rows, the metric of its ratio to 1x (if it has one) and the report's default tables.
 
-Each module of this package registers its metrics when imported (``MODULES``); a plugin registers more from
+Each module of this package registers its metrics when imported (``MODULES`` first, in table order, then any
+other module of the package by name, so a new metric is its file and its test); a plugin registers more from
 its own package through the entry-point group ``posenc_bench.metrics`` (each entry point names a module that
 calls :func:`register` when imported), so adding a metric touches one file and its test, never the tables,
 findings, plots or gate. ``analysis/intervals.py`` draws every metric of a kind from the same bootstrap of the
@@ -20,6 +21,7 @@ import functools
 import importlib
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 import numpy as np
@@ -30,7 +32,7 @@ MIN_EFFECT = 0.001  # a relative difference below this is never marked, whatever
 MIN_POINTS = 0.01  # a share (exact match): a difference below one percentage point is never marked
 SHARE = (0.0, 1.0)  # the range of a share
 ENTRY_POINTS = "posenc_bench.metrics"  # the group a plugin's metrics are registered under
-MODULES = ("ppl", "bpb", "ratio", "exact_match", "passkey")  # this package's metrics, in table order
+MODULES = ("ppl", "bpb", "ratio", "exact_match", "passkey")  # this package's first metrics, in table order
 
 Sums = dict  # unit field -> its weighted sum over the units: (cells, 1 + draws), or (1 + draws,) for a shared field
 
@@ -137,7 +139,8 @@ def unregister(name: str) -> None:
 def _load() -> None:
     """Import this package's metric modules, then every plugin's (entry-point group ``posenc_bench.metrics``),
     once: the first question asked of the registry does it."""
-    for module in MODULES:
+    others = sorted({p.stem for p in Path(__file__).parent.glob("*.py")} - {"__init__", "registry", *MODULES})
+    for module in (*MODULES, *others):  # a new file here is found: nothing else to edit
         importlib.import_module(f"posenc_bench.metrics.{module}")  # each registers its metrics
     for entry in metadata.entry_points(group=ENTRY_POINTS):
         importlib.import_module(entry.value.split(":")[0])
