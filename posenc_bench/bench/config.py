@@ -341,7 +341,7 @@ def import_plugins(modules: list) -> None:
 
 
 def validate(cfg: RunConfig) -> None:
-    from posenc_bench.model.sinks import sink_window
+    from posenc_bench.model.plan import sink_window
     from posenc_bench.model.transformer import build_encoding, validate_shape
 
     if not cfg.encodings:
