@@ -132,3 +132,21 @@ def test_passkey_on_a_hugging_face_model_with_its_tokenizer_and_a_scaling(llama_
     assert data["model"] == "hf:tiny-llama+yarn" and {r["length"] for r in data["records"]} == {256, 512}
     assert data["checkpoint"]["model"]["class"] == "LlamaForCausalLM"
     assert main(["passkey", "--model", f"hf:{llama_dir}", "--encoding", "rope-yarn"]) == 2
+
+
+# a micro run of the -ft rows (tests/bench/config/test_finetune.py: their plan)
+FT_MICRO = ["--config", "configs/ci.yaml", "--seeds", "1", "--train-len", "16", "--steps", "20", "--eval-tokens", "512",
+            "--eval-lens", "1,2,4x", "--progress", "off"]
+
+
+def test_passkey_runs_a_fine_tuned_checkpoint_at_its_tuned_scaling(tmp_path):
+    from posenc_bench.bench.passkey import CheckpointLM
+    from posenc_bench.errors import ConfigError
+
+    out = tmp_path / "out"
+    assert main(["run", *FT_MICRO, "--train-len", "256", "--steps", "2", "--eval-lens", "1,2x", "--encodings",
+                 "rope-linear-ft", "--out", str(out)]) == 0
+    lm = CheckpointLM(out / "checkpoints" / "rope-linear-ft-seed0")
+    assert lm.model.encoding.tuned_len == 512 and lm.model.encoding.scale_for(256) == 2.0
+    with pytest.raises(ConfigError, match="is fine-tuned: give its own checkpoint"):
+        CheckpointLM(out / "checkpoints" / "rope-seed0", encoding="rope-linear-ft")
