@@ -179,3 +179,16 @@ def test_corpus_documents_of_all_splits_and_a_bad_split():
     assert everything[: len(corpus.splits["test"])] == corpus.splits["test"]
     with pytest.raises(data.ConfigError, match="valid: train, valid, test, all"):
         corpus.documents("heldout")
+
+
+def test_continued_batches_go_on_where_pre_training_stopped():
+    stream = torch.arange(10_000) % 251
+    pre = data.TrainBatches(stream, 16, 4, seed=3)
+    after = pre.continued(5, train_len=64, batch_size=2)
+    replay = data.TrainBatches(stream, 16, 4, seed=3)
+    for _ in range(5):
+        replay.next()
+    starts = torch.randint(0, stream.numel() - 64 - 1, (2,), generator=replay.generator)
+    expected = stream[starts[:, None] + torch.arange(65)[None, :]].long()
+    assert torch.equal(after.next(), expected)
+    assert torch.equal(pre.next(), data.TrainBatches(stream, 16, 4, seed=3).next())  # pre itself is untouched

@@ -5,7 +5,8 @@
   imports the data module;
 - no class over 150 lines, no function over 80, none with more than 8 parameters, outside the model's
   numerical kernels (listed below, each with the reason); no module over 450 lines;
-- tests mirror the package: every module posenc_bench/<sub>/<name>.py has its tests in tests/<sub>/test_<name>.py.
+- tests mirror the package: every module posenc_bench/<sub>/<name>.py has its tests in tests/<sub>/test_<name>.py;
+- no import cycles among the package's modules, counting imports inside functions and under ``if TYPE_CHECKING:``.
 """
 
 import ast
@@ -16,6 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "posenc_bench"
 MODULE_LINES = 450
+# the package and its subpackages, by module name (posenc_bench.model, ...)
+PACKAGES = {".".join(p.relative_to(PACKAGE.parent).parent.parts) for p in PACKAGE.rglob("__init__.py")}
 # layer of each top-level module or subpackage; a module may import its own layer or lower ones
 LAYERS = {"__init__": 0, "errors": 0, "files": 0, "progress": 0, "values": 0, "metrics": 1, "env": 1, "tokenizer": 1, "data": 1, "encodings": 2, "model": 3,
           "hf": 4, "bench": 5, "analysis": 6, "commands": 7, "__main__": 8}
@@ -61,6 +64,73 @@ def imported(tree, name):
                     yield f"{base}.{a.name}" if base == "posenc_bench" else base
 
 
+def module_imports(tree, name, known):
+    """The package modules (names in ``known``) a module imports, at the top, inside functions or under
+    ``if TYPE_CHECKING:``: ``from posenc_bench.model import sinks`` imports posenc_bench.model.sinks,
+    ``from posenc_bench.bench.config import RunConfig`` imports posenc_bench.bench.config (its __init__). Not the
+    packages above the module named: Python runs them first, but a package that re-exports its modules is no cycle."""
+    package = name if name in PACKAGES else name.rsplit(".", 1)[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names if a.name in known)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            for a in node.names:
+                if f"{base}.{a.name}" in known:
+                    yield f"{base}.{a.name}"
+                elif base in known:
+                    yield base
+
+
+def import_cycles(graph):
+    """Every cycle of ``graph`` (module -> the modules it imports), one per strongly connected component of more
+    than one module (or a module importing itself), as the modules of one loop through it."""
+    index, low, stack, on_stack, components = {}, {}, [], set(), []
+
+    def connect(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in graph.get(v, ()):
+                components.append(set(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return [shortest_loop(graph, min(c), c) for c in components]
+
+
+def shortest_loop(graph, start, within):
+    """The shortest path from ``start`` back to itself through the modules ``within``."""
+    paths, seen = [[start]], set()
+    while paths:
+        path = paths.pop(0)
+        for w in sorted(graph.get(path[-1], ())):
+            if w == start:
+                return path + [start]
+            if w in within and w not in seen:
+                seen.add(w)
+                paths.append(path + [w])
+    return [start]
+
+
 def layer(module):
     parts = module.split(".")
     return LAYERS[parts[1]] if len(parts) > 1 else 0
@@ -78,6 +148,18 @@ def test_imports_go_one_way():
                 if name.startswith(src) and target.startswith(dst):
                     bad.append(f"{name} imports {target}")
     assert not bad, "\n".join(bad)
+
+
+def import_graph():
+    trees = dict(modules())
+    return {name: set(module_imports(tree, name, trees)) for name, tree in trees.items()}
+
+
+def test_no_import_cycles():
+    """No module imports itself through others, not even for type hints or inside a function: each idea
+    reads from the modules below it (a cycle ties two modules into one that neither file shows)."""
+    cycles = import_cycles(import_graph())
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
 
 
 def test_nothing_imports_commands():
@@ -124,6 +206,18 @@ def test_the_checks_can_fail(tmp_path):
     assert layer("posenc_bench.commands.cli") > layer("posenc_bench.model.transformer")
     with pytest.raises(KeyError):
         layer("posenc_bench.nosuch.thing")
+    # a cycle closed by an import for type hints only, and one closed inside a function
+    known = {"posenc_bench.model.a", "posenc_bench.model.b", "posenc_bench.model.c", "posenc_bench.model"}
+    a = ast.parse("from posenc_bench.model import b\nfrom . import c\n")
+    b = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from posenc_bench.model.a import A\n")
+    c = ast.parse("def f():\n    import posenc_bench.model.a\n")
+    assert set(module_imports(a, "posenc_bench.model.a", known)) == {"posenc_bench.model.b", "posenc_bench.model.c"}
+    graph = {name: set(module_imports(tree, name, known)) for name, tree in
+             (("posenc_bench.model.a", a), ("posenc_bench.model.b", b), ("posenc_bench.model.c", c))}
+    assert import_cycles(graph) == [["posenc_bench.model.a", "posenc_bench.model.b", "posenc_bench.model.a"]]
+    assert shortest_loop(graph, "posenc_bench.model.c", set(graph)) == [
+        "posenc_bench.model.c", "posenc_bench.model.a", "posenc_bench.model.c"]
+    assert import_cycles({"x": {"y"}, "y": set()}) == []
 
 
 def test_no_module_is_over_450_lines():

@@ -4,13 +4,14 @@ Every cell's work is counted in *steps*: training steps of the config's own shap
 train.train_len tokens, forward and backward). A fine-tuning step and an evaluation are converted to that unit
 by their FLOPs (a forward pass is a third of a training step per token; attention grows with the window), so
 one number measured on the device, the seconds a training step takes after the first few, prices the whole
-sweep. As cells finish, the rate they actually took replaces it. The arithmetic is pure (tested in
-``tests/bench/test_eta.py``); :class:`Clock` only feeds it the clock and prints its lines.
+sweep. As cells finish, the rate they actually took replaces it. The estimate is measured against the time the
+config expects (its ``expected_sweep_s``, measured when it was sized): far beyond that, a note says what brings
+the sweep under it. The arithmetic is pure (tested in ``tests/bench/test_eta.py``); :class:`Clock` only feeds it
+the clock and prints its lines.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -21,7 +22,7 @@ from posenc_bench.errors import PosencError
 # one, then until MEASURE_STEPS steps or MEASURE_S seconds, whichever comes first.
 MEASURE_STEPS = 3
 MEASURE_S = 20.0
-FAR_BEYOND = 3.0  # an estimate this many times the config's stated time is "far beyond" it
+FAR_BEYOND = 3.0  # an estimate this many times the config's expected time is "far beyond" it
 CPU_LIMIT_S = 3600.0  # on a CPU, a sweep longer than this is said to be long whatever the config promises
 
 
@@ -114,29 +115,10 @@ def duration(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
-_PROMISE = re.compile(r"\babout (\d+(?:\.\d+)?) ?(s|sec|seconds?|min|minutes?|h|hours?)\b")
-_UNIT_S = {"s": 1, "sec": 1, "second": 1, "seconds": 1, "min": 60, "minute": 60, "minutes": 60, "h": 3600,
-           "hour": 3600, "hours": 3600}
-
-
-def stated_seconds(header: str) -> Optional[float]:
-    """The time a config's header comment promises ("... in about 10 minutes on 2 CPU cores"), or None."""
-    found = _PROMISE.search(header)
-    return float(found.group(1)) * _UNIT_S[found.group(2)] if found else None
-
-
-def config_stated_s(spec: Optional[str]) -> Optional[float]:
-    """The time the header of the config ``spec`` (a file or built-in name; None: the built-in defaults,
-    which are configs/default.yaml) promises, or None."""
-    from posenc_bench.bench.config import builtin_configs, config_header, resolve_config
-
-    path = resolve_config(spec) if spec is not None else builtin_configs().get("default")
-    return stated_seconds(config_header(path)) if path is not None else None
-
-
 def note_after(stated_s: Optional[float], device_type: str) -> Optional[float]:
-    """The estimate past which a sweep gets a note: FAR_BEYOND x the time its config's comment states, or an
-    hour on a CPU, whichever is shorter (None: no limit, a GPU run of a config that states no time)."""
+    """The estimate past which a sweep gets a note: FAR_BEYOND x the time its config expects (``stated_s``, its
+    ``expected_sweep_s``), or an hour on a CPU, whichever is shorter (None: no limit, a GPU run of a config that
+    expects no time)."""
     limits = ([FAR_BEYOND * stated_s] if stated_s else []) + ([CPU_LIMIT_S] if device_type == "cpu" else [])
     return min(limits) if limits else None
 
@@ -204,10 +186,10 @@ def warning(total_s: float, stated_s: Optional[float], device_type: str, options
     return f"{head}; under {duration(limit)} here with any one of: {'; '.join(options)} (or a GPU, --device cuda)"
 
 
-def estimate_lines(cfg, costs: list[CellCost], sec_per_step: float, stated_s: Optional[float],
-                   device_type: str) -> list[str]:
-    """The first estimate: seconds a step, each model and the sweep; and the note, if any."""
-    total, steps = seconds_left(costs, 0, sec_per_step), cfg.train.steps
+def estimate_lines(cfg, costs: list[CellCost], sec_per_step: float, device_type: str) -> list[str]:
+    """The first estimate: seconds a step, each model and the sweep; and the note, if any (against the time
+    ``cfg`` expects, its ``expected_sweep_s``)."""
+    total, steps, stated_s = seconds_left(costs, 0, sec_per_step), cfg.train.steps, cfg.expected_sweep_s
     lines = [f"  timing: {sec_per_step:.3g} s a training step on {device_type}: about {duration(sec_per_step * steps)} "
              f"a model ({steps} steps), about {duration(total)} for the sweep ({len(costs)} cells)"]
     limit = note_after(stated_s, device_type)
@@ -220,10 +202,9 @@ class Clock:
     """Times the first training steps of a sweep, prints the estimate once, and the time left after each
     cell. ``step()`` is the training loop's per-step callback; ``cell_done()`` is called after every cell."""
 
-    def __init__(self, cfg, costs: list[CellCost], stated_s: Optional[float], device_type: str,
-                 log: Callable[[str], None], now: Callable[[], float] = time.perf_counter) -> None:
-        self.cfg, self.costs, self.stated_s, self.device_type, self.log, self.now = (
-            cfg, costs, stated_s, device_type, log, now)
+    def __init__(self, cfg, costs: list[CellCost], device_type: str, log: Callable[[str], None],
+                 now: Callable[[], float] = time.perf_counter) -> None:
+        self.cfg, self.costs, self.device_type, self.log, self.now = cfg, costs, device_type, log, now
         self.start = now()
         self.sec_per_step: Optional[float] = None
         self._marks: list[float] = []
@@ -236,7 +217,7 @@ class Clock:
         measured = len(self._marks) - 1
         if measured >= MEASURE_STEPS or (measured >= 1 and self._marks[-1] - self._marks[0] >= MEASURE_S):
             self.sec_per_step = (self._marks[-1] - self._marks[0]) / measured
-            for line in estimate_lines(self.cfg, self.costs, self.sec_per_step, self.stated_s, self.device_type):
+            for line in estimate_lines(self.cfg, self.costs, self.sec_per_step, self.device_type):
                 self.log(line)
 
     def cell_done(self) -> None:

@@ -168,12 +168,10 @@ class Sweep:
     nothing; ``open`` then takes the results folder (created, locked, and checked against the identity rule
     before anything is printed or trained) and ``run`` trains and evaluates the cells in order into it."""
 
-    def __init__(self, cfg: RunConfig, rt: Runtime, shard: Optional[tuple[int, int]] = None,
-                 stated_s: Optional[float] = None) -> None:
+    def __init__(self, cfg: RunConfig, rt: Runtime, shard: Optional[tuple[int, int]] = None) -> None:
         """``rt.dist``: this is rank 0 of a torchrun job (the other ranks run :func:`train_worker`).
-        ``shard``: (i, n) runs shard i of n of the cells into results.shard-<i>-of-<n>.json (see shard.py).
-        ``stated_s``: the time the config's comment promises (``eta.stated_seconds``), for the estimate's warning."""
-        self.cfg, self.rt, self.shard, self.stated_s = cfg, rt, shard, stated_s
+        ``shard``: (i, n) runs shard i of n of the cells into results.shard-<i>-of-<n>.json (see shard.py)."""
+        self.cfg, self.rt, self.shard = cfg, rt, shard
         self.out = Path(cfg.out)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
@@ -263,8 +261,8 @@ class Sweep:
                 return self.run()
         cells = self.cells()
         todo = [c for c in cells if not self._done(*c)]
-        clock = eta.Clock(self.cfg, eta.cell_costs(self.cfg, todo, self.models.finished(todo)), self.stated_s,
-                          self.rt.device.type, self.rt.log)
+        clock = eta.Clock(self.cfg, eta.cell_costs(self.cfg, todo, self.models.finished(todo)), self.rt.device.type,
+                          self.rt.log)
         self.models.on_step = clock.step
         for row, seed in cells:
             self.run_cell(row, seed)

@@ -21,10 +21,10 @@ def cmd(args: argparse.Namespace) -> int:
     configs = builtin_configs()
     width = max(map(len, configs), default=0)
     for name, path in configs.items():
-        header = config_header(path)
-        stated = eta.stated_seconds(header)
+        header, cfg = config_header(path), load_config(name)
+        stated = cfg.expected_sweep_s  # the time its comment states, as a field (tests/bench/test_eta.py)
         print(f"{name:<{width}}  {first_sentence(header) or '(no comment)'}")
-        print(f"{'':<{width}}  cost: {eta.cost_line(load_config(name))}"
+        print(f"{'':<{width}}  cost: {eta.cost_line(cfg)}"
               + (f"; its comment states ~{eta.duration(stated)}" if stated else ""))
     print(f"\nuse: posenc-bench run --config NAME (or a YAML file); files in {next(iter(configs.values())).parent}"
           if configs else "no built-in configs found")

@@ -99,17 +99,16 @@ DEFAULT_CONFIG = "default"  # `posenc-bench run` is `posenc-bench run --config d
 def run_config(args: argparse.Namespace):
     """The RunConfig of ``run``'s flags: the --config file or built-in config (``default`` without one), then
     the flags that were given."""
-    from posenc_bench.bench.config import load_config
+    from posenc_bench.bench.config import build_config, file_encodings, read_config
 
-    config = args.config or DEFAULT_CONFIG
-    return load_config(config, overrides(args, load_config(config).encodings))
+    data = read_config(args.config or DEFAULT_CONFIG)  # read once, validated once with the flags
+    return build_config(data, overrides(args, file_encodings(data)))
 
 
 def cmd(args: argparse.Namespace) -> int:
     import yaml
 
     from posenc_bench.bench import dist as distributed
-    from posenc_bench.bench.eta import config_stated_s
     from posenc_bench.analysis.context import plateau_rows, unlearned_rows
     from posenc_bench.analysis.report import results_markdown, write_tables
     from posenc_bench.bench.runtime import Runtime
@@ -127,7 +126,7 @@ def cmd(args: argparse.Namespace) -> int:
         rt = Runtime.create(cfg.device, cfg.precision, dist=dist, show_progress=progress_choice(args))
         sweep = None
         try:
-            sweep = Sweep(cfg, rt, shard, stated_s=config_stated_s(args.config or DEFAULT_CONFIG))  # every input checked, nothing written
+            sweep = Sweep(cfg, rt, shard)  # every input checked, nothing written
             with sweep.open(fresh=args.fresh):  # the folder created, locked and its records checked; then the summary
                 if args.verbose:
                     print("effective config:\n" + yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())

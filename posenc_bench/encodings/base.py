@@ -3,7 +3,7 @@ attention path, and the family names that group the rows in tables and figures.
 
 The model only ever calls these hooks (``positions``, ``embed``, ``rotate``, ``bias`` and the optional ones its
 capability flags announce) plus ``set_eval_length``; it never looks at an encoding's name. The attention plan
-(``model/attention.py``) reads the flags, never the class.
+(``model/plan.py``) reads the flags, never the class.
 """
 
 from __future__ import annotations

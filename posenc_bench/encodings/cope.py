@@ -114,7 +114,7 @@ class CoPELayer:
     """CoPE as attention layer ``layer`` sees it (``CoPE.for_layer``): its own position table, everything else
     (hooks, capability flags, sizes, attention sinks of a ``cope+sink`` row) read from the whole encoding, so
     the attention plan treats it as the encoding itself. Not a module: the parameters stay in the encoding.
-    The explicit attention path calls the layer's encoding (``model/attention.Chunk.encoding``), so each layer's
+    The explicit attention path calls the layer's encoding (``model/plan.Chunk.encoding``), so each layer's
     logits use its own table."""
 
     def __init__(self, cope: CoPE, layer: int) -> None:

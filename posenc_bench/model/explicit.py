@@ -14,12 +14,9 @@ distance. Both paths run per query chunk, so memory stays bounded by the chunk s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-if TYPE_CHECKING:  # annotations only: the plan's module imports this one
-    from posenc_bench.model.attention import AttentionPlan, Chunk
+from posenc_bench.model.plan import AttentionPlan, Chunk
 
 
 def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float

@@ -4,50 +4,17 @@ Xiao, Tian, Chen, Han & Lewis, "Efficient Streaming Language Models with Attenti
 (arXiv:2309.17453), sec. 3.2: an encoding with ``attention_sinks`` = (S, W) (rows ``<encoding>+sink<S>+sw<W>``,
 ``encodings/sinks.py``) keeps the first S tokens visible beside a sliding window of W keys, and positions are
 those within that cache of S + W tokens: once the cache is full (query i >= S + W) a query sits at S + W - 1
-towards the sinks, which sit at 0 .. S - 1, while its recent keys keep their true distances. The plan puts the
-sinks first among each chunk's keys (``AttentionPlan.key_span``) and their visible set in the masks; here the
-bias and the rotation towards them are taken at the queries' cache positions, through the encoding's own hooks.
+towards the sinks, which sit at 0 .. S - 1, while its recent keys keep their true distances. The plan (``plan.py``)
+puts the sinks first among each chunk's keys (``AttentionPlan.key_span``) and their visible set and bias in the
+masks (``sink_bias``); here the rotation towards them is taken at the queries' cache positions
+(``cache_positions``), through the encoding's own hooks.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
-
 import torch
 
-from posenc_bench import encodings
-from posenc_bench.errors import ConfigError
-
-if TYPE_CHECKING:  # annotations only: the plan's module imports this one
-    from posenc_bench.model.attention import AttentionPlan, Chunk
-
-
-def sink_window(encoding: encodings.Encoding | type[encodings.Encoding], window: Optional[int],
-                length: Optional[int] = None) -> tuple[int, Optional[int]]:
-    """(S sinks, the window) for this encoding (or class) and the model's window: S = 0 without sinks. For
-    windows of ``length`` <= S + W tokens the cache holds them whole: (0, None), plain causal attention."""
-    if encoding.attention_sinks is None:
-        return 0, window
-    sinks, own = encoding.attention_sinks
-    if own is not None and window is not None and own != window:
-        raise ConfigError(f"{encoding.name}: its sink window {own} differs from the model's window {window}")
-    if own is None and window is None:
-        raise ConfigError(f"{encoding.name}: attention sinks need a sliding window; name one, e.g. "
-                          f"{encoding.name}+sw64, or evaluate a model trained with one")
-    window = own if own is not None else window
-    return (0, None) if sinks and length is not None and length <= sinks + window else (sinks, window)
-
-
-def cache_positions(q_pos: torch.Tensor, sinks: int, window: int) -> torch.Tensor:
-    """The queries' positions in a cache of S sinks and W recent tokens: min(i, S + W - 1)."""
-    return q_pos.clamp(max=sinks + window - 1)
-
-
-def sink_bias(plan: AttentionPlan, q_pos: torch.Tensor, k_pos: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """A chunk's bias (1 or B, H, q, k) with its first S columns, the sinks', taken from the queries' cache
-    positions; the recent keys' columns stay as ``bias`` has them."""
-    towards_sinks = plan.encoding.bias(cache_positions(q_pos, plan.sinks, plan.window), k_pos[..., :plan.sinks])
-    return torch.cat((towards_sinks, bias[..., plan.sinks:]), dim=-1)
+from posenc_bench.model.plan import AttentionPlan, Chunk, cache_positions
 
 
 def sink_attention(plan: AttentionPlan, c: Chunk) -> torch.Tensor:

@@ -7,10 +7,10 @@ which encoding it has:
   chunk for an encoding that computes the logits itself (``has_attention_logits``: CoPE, ReRoPE, Self-Extend).
   An encoding with ``attention_sinks`` (StreamingLLM rows) gets the same hooks, called again for the queries'
   cache positions towards the sinks (``sinks.py``).
-Attention runs along the forward's ``AttentionPlan`` (``attention.py``): the path ``choose_path`` picks once
-from the encoding's capabilities (SDPA's fused causal kernel, a bias folded into q/k channels, chunked float
-masks, a learned distance bias's band gradient, or the encoding's own logits), in query chunks, so memory stays
-bounded at long eval lengths.
+Attention runs along the forward's ``AttentionPlan`` (``plan.py``; ``attention.py`` runs it): the path
+``choose_path`` picks once from the encoding's capabilities (SDPA's fused causal kernel, a bias folded into q/k
+channels, chunked float masks, a learned distance bias's band gradient, or the encoding's own logits), in query
+chunks, so memory stays bounded at long eval lengths.
 
 Sliding-window attention (``window=W``; Beltagy et al., "Longformer", arXiv:2004.05150) lets query i see keys
 j with i - W < j <= i; it composes with every encoding.
@@ -28,7 +28,8 @@ from torch import nn
 
 from posenc_bench import encodings
 from posenc_bench.errors import ConfigError
-from posenc_bench.model.attention import AttentionPlan, attend
+from posenc_bench.model.attention import attend
+from posenc_bench.model.plan import AttentionPlan
 
 
 @dataclass

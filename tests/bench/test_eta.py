@@ -1,5 +1,8 @@
 """The sweep's time estimate: its arithmetic (pure functions of seconds a step, steps, cells and eval cost),
-never the clock (a fake clock drives :class:`Clock`)."""
+never the clock (a fake clock drives :class:`Clock`); the time each config expects."""
+
+import re
+from dataclasses import replace
 
 import pytest
 
@@ -54,12 +57,31 @@ def test_duration(seconds, text):
     assert eta.duration(seconds) == text
 
 
-def test_the_stated_time_comes_from_each_configs_comment():
-    assert eta.stated_seconds("Sized so that ... the whole sweep finishes in about 10 minutes on 2 CPU cores") == 600
-    assert eta.stated_seconds("every encoding, three seeds, in about 80 s on 2 CPU cores (about 27 s a seed)") == 80
-    assert eta.stated_seconds("for a GPU (bf16 autocast)") is None
-    assert eta.config_stated_s("default") == eta.config_stated_s(None) == 600
-    assert eta.config_stated_s("ci") == 80 and eta.config_stated_s("long-2048") is None
+_PROMISE = re.compile(r"\babout (\d+(?:\.\d+)?) ?(s|sec|seconds?|min|minutes?|h|hours?)\b")
+_UNIT_S = {"s": 1, "sec": 1, "second": 1, "seconds": 1, "min": 60, "minute": 60, "minutes": 60, "h": 3600,
+           "hour": 3600, "hours": 3600}
+
+
+def stated_seconds(header: str):
+    """The time a config's header comment promises ("... in about 10 minutes on 2 CPU cores"), or None."""
+    found = _PROMISE.search(header)
+    return float(found.group(1)) * _UNIT_S[found.group(2)] if found else None
+
+
+def test_the_stated_time_reads_a_comment_in_words():
+    assert stated_seconds("Sized so that ... the whole sweep finishes in about 10 minutes on 2 CPU cores") == 600
+    assert stated_seconds("every encoding, three seeds, in about 80 s on 2 CPU cores (about 27 s a seed)") == 80
+    assert stated_seconds("for a GPU (bf16 autocast)") is None
+
+
+def test_each_configs_expected_time_is_the_one_its_comment_states():
+    """The estimate reads ``expected_sweep_s``; every built-in config's header says the same time in words (or
+    none), so `posenc-bench configs` and the run's note quote the comment truly."""
+    from posenc_bench.bench.config import builtin_configs, config_header
+
+    expected = {name: load_config(name).expected_sweep_s for name in builtin_configs()}
+    assert expected == {name: stated_seconds(config_header(path)) for name, path in builtin_configs().items()}
+    assert expected["default"] == 600 and expected["ci"] == 80 and expected["long-2048"] is None
 
 
 def test_a_note_only_past_three_times_the_stated_time_or_an_hour_on_a_cpu():
@@ -85,7 +107,7 @@ def test_the_mission_command_is_priced_at_about_half_a_day_on_a_16_s_step():
     """On 2 CPU cores (16.4 s a step measured here): 6 trained models of 400 steps, 7 cells evaluated."""
     cfg, costs, _ = _mission(16.4)
     assert sum(c.train for c in costs) == 6 * 400
-    lines = eta.estimate_lines(cfg, costs, 16.4, eta.config_stated_s("default"), "cpu")
+    lines = eta.estimate_lines(cfg, costs, 16.4, "cpu")  # the default config expects 600 s
     assert lines[0].startswith("  timing: 16.4 s a training step on cpu: about 1 h 49 min a model (400 steps)")
     assert "for the sweep (7 cells)" in lines[0] and "far beyond the ~10 min" in lines[1]
 
@@ -112,7 +134,7 @@ def test_every_option_the_note_names_brings_the_sweep_under_its_limit(device, st
 def test_when_nothing_fits_the_note_says_a_gpu_is_needed():
     cfg, costs, _ = _mission(16.4)
     assert eta.quicker(cfg, costs, 5000.0, 3600) == []  # even one row at batch 1 takes hours
-    lines = eta.estimate_lines(cfg, costs, 5000.0, None, "cpu")
+    lines = eta.estimate_lines(replace(cfg, expected_sweep_s=None), costs, 5000.0, "cpu")
     assert lines[1].endswith("it needs a GPU (--device cuda)")
 
 
@@ -120,7 +142,8 @@ def test_clock_prints_the_estimate_once_after_the_first_steps_and_the_time_left_
     now = [0.0]
     lines = []
     costs = [eta.CellCost("a", 0, train=10), eta.CellCost("b", 0, train=10), eta.CellCost("c", 0, eval=5)]
-    clock = eta.Clock(load_config("default", {"train.steps": 10}), costs, None, "cpu", lines.append, now=lambda: now[0])
+    clock = eta.Clock(load_config("default", {"train.steps": 10, "expected_sweep_s": None}), costs, "cpu", lines.append,
+                      now=lambda: now[0])
     for t in (5.0, 6.0, 7.0):  # the first step warms up (5 s); then 1 s a step
         now[0] = t
         clock.step()
@@ -142,8 +165,8 @@ def test_clock_prints_the_estimate_once_after_the_first_steps_and_the_time_left_
 def test_clock_stops_measuring_after_measure_s_of_slow_steps():
     now = [0.0]
     lines = []
-    clock = eta.Clock(load_config("default"), [eta.CellCost("a", 0, train=400)], 600, "cpu", lines.append,
-                      now=lambda: now[0])
+    clock = eta.Clock(load_config("default"), [eta.CellCost("a", 0, train=400)], "cpu", lines.append,
+                      now=lambda: now[0])  # the default config expects 600 s
     for t in (19.0, 36.0, 53.0):  # after two timed steps: 34 s >= MEASURE_S
         now[0] = t
         clock.step()

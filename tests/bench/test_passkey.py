@@ -151,3 +151,21 @@ def test_passkey_records_come_from_the_record_builder_with_the_fields_they_alway
     expected = [old(256, d, "ok", "", [str(rng[d].randint(10000, 99999)) for _ in range(2)]) for d in (0.0, 1.0)]
     expected += [old(512, d, "n/a", "table has 300 rows") for d in (0.0, 1.0)]
     assert json.dumps(result["records"]) == json.dumps(expected)
+
+
+# a micro run of the -ft rows (tests/bench/config/test_finetune.py: their plan)
+FT_MICRO = ["--config", "configs/ci.yaml", "--seeds", "1", "--train-len", "16", "--steps", "20", "--eval-tokens", "512",
+            "--eval-lens", "1,2,4x", "--progress", "off"]
+
+
+def test_passkey_runs_a_fine_tuned_checkpoint_at_its_tuned_scaling(tmp_path):
+    from posenc_bench.bench.passkey import CheckpointLM
+    from posenc_bench.errors import ConfigError
+
+    out = tmp_path / "out"
+    assert main(["run", *FT_MICRO, "--train-len", "256", "--steps", "2", "--eval-lens", "1,2x", "--encodings",
+                 "rope-linear-ft", "--out", str(out)]) == 0
+    lm = CheckpointLM(out / "checkpoints" / "rope-linear-ft-seed0")
+    assert lm.model.encoding.tuned_len == 512 and lm.model.encoding.scale_for(256) == 2.0
+    with pytest.raises(ConfigError, match="is fine-tuned: give its own checkpoint"):
+        CheckpointLM(out / "checkpoints" / "rope-seed0", encoding="rope-linear-ft")

@@ -234,3 +234,18 @@ def test_rope_scaling_names_are_the_suffixes_of_the_rope_rows():
     for bad in ("linear-ft", "rand", "sink4+sw0", "bca"):  # fine-tuned, trained, a bad sink window, xpos's fix
         with pytest.raises(ConfigError, match="is not a scaling; valid: linear, dynamic, yarn, llama3, ntk"):
             parse_scalings(bad)
+
+
+# a micro run of the -ft rows (tests/bench/config/test_finetune.py: their plan)
+FT_MICRO = ["--config", "configs/ci.yaml", "--seeds", "1", "--train-len", "16", "--steps", "20", "--eval-tokens", "512",
+            "--eval-lens", "1,2,4x", "--progress", "off"]
+
+
+def test_eval_of_a_fine_tuned_checkpoint_gives_the_numbers_run_wrote(tmp_path):
+    out = tmp_path / "out"
+    assert main(["run", *FT_MICRO, "--encodings", "rope-linear-ft", "--out", str(out)]) == 0
+    ran = {r["eval_len"]: r["ppl"] for r in json.loads((out / "results.json").read_text())["records"]}
+    assert main(["eval", "--model", str(out / "checkpoints" / "rope-linear-ft-seed0"), "--out", str(tmp_path / "e"),
+                 "--progress", "off"]) == 0
+    got = {r["eval_len"]: r["ppl"] for r in json.loads((tmp_path / "e" / "results.json").read_text())["records"]}
+    assert got == ran  # the fixed s = 64 / 16 at every length, as in run

@@ -141,3 +141,37 @@ def test_a_row_is_on_disk_before_its_summary_line_is_printed(tmp_path, monkeypat
     monkeypatch.setattr(sweep, "summary_line", summary)
     assert run(out, "--encodings", "nope,alibi") == 0
     assert seen == [("nope seed 0", 4), ("alibi seed 0", 4)]  # each row's 4 lengths already saved
+
+
+# a micro run of the -ft rows (tests/bench/config/test_finetune.py: their plan)
+FT_MICRO = ["--config", "configs/ci.yaml", "--seeds", "1", "--train-len", "16", "--steps", "20", "--eval-tokens", "512",
+            "--eval-lens", "1,2,4x", "--progress", "off"]
+
+
+def test_fine_tuned_rows_continue_the_rope_checkpoint_and_are_cached(tmp_path, capsys):
+    out = tmp_path / "out"
+    rows = "rope,rope-ft,rope-linear-ft,rope-linear"
+    assert main(["run", *FT_MICRO, "--encodings", rows, "--out", str(out)]) == 0
+    log = capsys.readouterr().out
+    assert log.count("rope seed 0: trained 20 steps") == 1  # one pre-training for every rope row
+    assert "rope-ft seed 0: fine-tuned 2 steps x 4 x 64 tokens" in log
+    assert "rope-linear-ft seed 0: fine-tuned 2 steps x 4 x 64 tokens" in log
+    data = json.loads((out / "results.json").read_text())
+    recs = {(r["encoding"], r["eval_len"]): r for r in data["records"]}
+    rope_key = recs["rope", 16]["cell_key"]
+    ft = recs["rope-linear-ft", 16]["finetune"]
+    assert ft["from_cell_key"] == rope_key and ft["len"] == 64 and ft["tokens"] == 2 * 4 * 64
+    assert recs["rope-ft", 16]["cell_key"] not in (rope_key, recs["rope-linear-ft", 16]["cell_key"])
+    # fine-tuning changed the weights, and the scaled row applies s = 4 even at 1x
+    assert recs["rope-ft", 16]["ppl"] != recs["rope", 16]["ppl"]
+    assert recs["rope-linear-ft", 16]["ppl"] != recs["rope-ft", 16]["ppl"]
+    meta = json.loads((out / "checkpoints" / "rope-linear-ft-seed0" / "config.json").read_text())
+    assert meta["finetune"]["status"] == "ok" and meta["encoding"] == "rope-linear-ft"
+
+    assert main(["run", *FT_MICRO, "--encodings", rows, "--out", str(out)]) == 0  # finished: nothing redone
+    assert "rope-linear-ft seed 0: done before, skipped" in capsys.readouterr().out
+    assert main(["run", *FT_MICRO, "--encodings", rows, "--out", str(out), "--finetune-steps", "3"]) == 0
+    log = capsys.readouterr().out
+    assert "rope seed 0: reusing checkpoint" in log and "rope-linear-ft seed 0: fine-tuned 3 steps" in log
+    again = {(r["encoding"], r["eval_len"]): r for r in json.loads((out / "results.json").read_text())["records"]}
+    assert again["rope", 16]["ppl"] == recs["rope", 16]["ppl"]  # untouched rows keep their numbers

@@ -377,3 +377,16 @@ def test_seeds_flag_is_a_count_or_a_list(value, expected):
     from posenc_bench.commands.run import parse_seeds
 
     assert parse_seeds(value) == expected
+
+
+def test_run_reads_its_config_file_once(monkeypatch):
+    """The file's encodings (the base of --encodings -learned) and the flags come from one read of the file."""
+    from posenc_bench.bench.config import load
+    from posenc_bench.commands.run import run_config
+    from tests.commands.cli_helpers import parsed
+
+    reads = []
+    real = load.resolve_config
+    monkeypatch.setattr(load, "resolve_config", lambda spec: reads.append(spec) or real(spec))
+    cfg = run_config(parsed("run", "--config", "ci", "--encodings=-learned", "--steps", "3"))
+    assert reads == ["ci"] and "learned" not in cfg.encodings and cfg.train.steps == 3

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from posenc_bench import encodings
 from posenc_bench.encodings.cope import CoPE
-from posenc_bench.model.attention import AttentionPlan
+from posenc_bench.model.plan import AttentionPlan
 from posenc_bench.model.transformer import DecoderLM, ModelConfig
 
 

@@ -242,7 +242,7 @@ def test_whole_model_beyond_the_activation_length_equals_the_pairwise_reference(
             assert err < 1e-4, (row, options, err)
         rope.encoding.set_eval_length(T)
         assert (rope(idx).double() - want).abs().max() > 1e-3  # the reference tells the rule from plain rope
-    from posenc_bench.model.attention import AttentionPlan
+    from posenc_bench.model.plan import AttentionPlan
 
     assert len(AttentionPlan(chunked.encoding, torch.arange(T), None, chunked.max_mask_bytes).chunks) > 1
 

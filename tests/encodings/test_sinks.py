@@ -8,7 +8,7 @@ from posenc_bench import encodings
 from posenc_bench.bench.config import load_config
 from posenc_bench.bench.rows import Row
 from posenc_bench.errors import ConfigError, UnknownEncodingError
-from posenc_bench.model.attention import AttentionPlan
+from posenc_bench.model.plan import AttentionPlan
 from posenc_bench.model.transformer import DecoderLM, ModelConfig
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from posenc_bench import encodings
-from posenc_bench.model.attention import AttentionPlan, Chunk
+from posenc_bench.model.plan import AttentionPlan, Chunk
 from posenc_bench.model.explicit import attention_lse, explicit_attention, parts_attention
 
 

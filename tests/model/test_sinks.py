@@ -1,5 +1,6 @@
 """The attention-sinks path (StreamingLLM) against the paper's cache, built query by query: the visible set,
-positions re-indexed within the cache for RoPE and ALiBi, the window that fits the cache, and ``sink_window``.
+positions re-indexed within the cache for RoPE and ALiBi, the window that fits the cache (``sink_window`` and
+``cache_positions``: test_plan.py).
 Row names and the rows' validation: tests/encodings/test_sinks.py."""
 
 import copy
@@ -9,9 +10,7 @@ import pytest
 import torch
 
 from posenc_bench import encodings
-from posenc_bench.errors import ConfigError
-from posenc_bench.model.attention import AttentionPlan
-from posenc_bench.model.sinks import cache_positions, sink_window
+from posenc_bench.model.plan import AttentionPlan
 from posenc_bench.model.transformer import DecoderLM, ModelConfig
 
 THETA = 10000.0
@@ -216,25 +215,3 @@ def test_a_window_that_fits_in_the_cache_is_the_base_model_bitwise():
         with torch.no_grad():
             assert torch.equal(sinks(idx), plain(idx)), base
             assert not torch.equal(sinks(torch.cat((idx, idx), 1)), plain(torch.cat((idx, idx), 1))), base
-
-
-@pytest.mark.parametrize("row,window,length,want", [
-    ("rope", None, 100, (0, None)), ("rope", 16, 100, (0, 16)),  # no sinks: the model's window as it is
-    ("rope+sink4+sw8", None, 100, (4, 8)), ("rope+sink4", 8, 100, (4, 8)), ("rope+sink4+sw8", 8, 100, (4, 8)),
-    ("rope+sink4+sw8", None, 12, (0, None)), ("rope+sink4+sw8", None, 13, (4, 8)),  # S + W = 12 fit the cache
-    ("rope+sink4+sw8", None, None, (4, 8)), ("rope+sink0+sw8", None, 5, (0, 8)),  # no sinks: the window stays
-])
-def test_sink_window_gives_the_sinks_and_the_window(row, window, length, want):
-    assert sink_window(encodings.get_class(row), window, length) == want
-
-
-def test_sink_window_needs_exactly_one_window_and_names_the_row():
-    with pytest.raises(ConfigError, match=r"rope\+sink4: attention sinks need a sliding window.*rope\+sink4\+sw64"):
-        sink_window(encodings.get_class("rope+sink4"), None)
-    with pytest.raises(ConfigError, match=r"rope\+sink4\+sw8: its sink window 8 differs from the model's window 16"):
-        sink_window(encodings.get_class("rope+sink4+sw8"), 16)
-
-
-def test_cache_positions_stop_at_the_last_slot_of_the_cache():
-    assert cache_positions(torch.arange(16), 4, 8).tolist() == list(range(12)) + [11] * 4
-    assert cache_positions(torch.arange(20).view(2, 10), 2, 3).tolist() == [[0, 1, 2, 3, 4] + [4] * 5, [4] * 10]

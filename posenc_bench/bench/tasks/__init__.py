@@ -1,7 +1,8 @@
 """The task track: algorithmic tasks that test whether an encoding uses long context (``docs/tasks.md``).
 
 ``get(name, options)`` builds a task by name; ``TASKS`` lists them. Adding a task is one file (a ``Task``
-subclass: ``make``, ``solve``) and its line here, and its test in ``tests/bench/test_tasks.py``.
+subclass: ``make``, ``solve``) and its line here, and its test in ``tests/bench/tasks/test_<name>.py`` (the
+solver test of ``tests/bench/tasks/test_base.py`` covers it by name).
 """
 
 from __future__ import annotations

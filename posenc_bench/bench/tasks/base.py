@@ -4,7 +4,7 @@ An instance is one sequence of byte tokens (BOS = 256 first) and the places in i
 tokens. A model reads the whole sequence and is trained, and scored, on the answer tokens only, each given the
 correct tokens before it (teacher forcing). An instance is answered correctly when every answer token is the
 model's argmax there: with the correct prefix given, that is exactly when greedy decoding would produce the
-whole answer, so one forward pass scores a batch (``tests/bench/test_tasks.py`` checks the two agree).
+whole answer, so one forward pass scores a batch (``tests/bench/tasks/test_work.py`` checks the two agree).
 
 An instance's *size* is the task's own measure (symbols to copy, digits to add, key-value pairs, filler
 tokens); the run trains on sizes drawn uniformly from 1 to the train size and evaluates at multiples of it.

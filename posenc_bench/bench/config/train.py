@@ -1,0 +1,43 @@
+"""The ``train`` section: how a model is pre-trained (length, batch, steps, AdamW and its schedule).
+
+Every field is part of a trained model's cell key (``bench/keys.py``): changing one retrains.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from posenc_bench.errors import ConfigError
+
+
+@dataclass
+class TrainConfig:
+    train_len: int = 128
+    batch_size: int = 32
+    steps: int = 400
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    warmup_steps: int = 40
+    weight_decay: float = 0.1
+    betas: list = field(default_factory=lambda: [0.9, 0.95])
+    grad_clip: float = 1.0
+    # a loss that is not finite, or above divergence_factor x the first step's loss, ends the run as diverged
+    divergence_factor: float = 2.0
+    log_every: int = 20
+
+
+def validate_train(t: TrainConfig) -> None:
+    """ConfigError naming the first ``train`` key whose value cannot train."""
+    for key in ("train_len", "batch_size", "steps", "log_every"):
+        if getattr(t, key) < 1:
+            raise ConfigError(f"train.{key} must be >= 1, got {getattr(t, key)}")
+    for key in ("lr", "grad_clip"):
+        if not (getattr(t, key) > 0 and math.isfinite(getattr(t, key))):
+            raise ConfigError(f"train.{key} must be a positive number, got {getattr(t, key)}")
+    if t.warmup_steps < 0 or not 0 <= t.min_lr_ratio <= 1 or t.weight_decay < 0:
+        raise ConfigError("train.warmup_steps and train.weight_decay must be >= 0, train.min_lr_ratio in [0, 1]")
+    if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):
+        raise ConfigError(f"train.betas must be two numbers in [0, 1), got {t.betas!r}")
+    if not t.divergence_factor > 1:
+        raise ConfigError(f"train.divergence_factor must be > 1, got {t.divergence_factor}")

@@ -1,0 +1,272 @@
+"""The plan of one forward's attention: its path, its query chunks and their masks, shared by all layers.
+
+``choose_path`` picks the path once per forward, a pure function of the encoding's declared capabilities
+(``has_bias``, ``has_low_rank_bias``, ``has_distance_bias``, ``has_attention_logits``, ``has_attention_parts``)
+and the forward's facts (window, blocks, sinks, gradients, positions), never of its name; ``AttentionPlan``
+holds that path with the chunks and masks it needs, and ``Chunk`` is what a path gets for one query chunk. The
+attention-sinks geometry is here too (``sink_window``, ``cache_positions``, ``sink_bias``): the plan puts the
+first S keys before each chunk's window and their bias in its masks. ``attention.attend`` runs the plan's path
+(``attention.PATHS``); the paths that need code of their own live in ``explicit.py``, ``sinks.py`` and
+``distance_bias.py``, and import this module, never ``attention.py``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional
+
+import torch
+
+from posenc_bench import encodings
+from posenc_bench.errors import ConfigError
+from posenc_bench.model import distance_bias
+
+# A learned distance bias trains on its band (distance_bias.py) from T >= BAND_MIN x its band width W on:
+# shorter sequences are cheaper on SDPA's math path.
+BAND_MIN = 4
+# The paths whose chunks SDPA attends itself: there a square chunk from position 0 needs no mask (is_causal).
+SDPA_PATHS = ("fused", "folded", "mask")
+# The devices on which a low-rank bias is folded into q/k channels. On CPU that keeps SDPA on its fused kernels
+# and beats a (q, k) bias mask; on CUDA the mask path is the faster one (both measured by `posenc-bench time`,
+# its "(explicit bias)" rows: docs/timing.md), so there the bias goes into the mask.
+FOLD_DEVICES = ("cpu",)
+
+
+def query_chunks(T: int, size: int, window: Optional[int], block: Optional[int]) -> list[tuple[int, int, int]]:
+    """(qs, qe, ks) per chunk of at most ``size`` queries; with blocks, no chunk crosses a block boundary and
+    its keys start at the previous block (or the window, whichever is later). With S sinks the plan puts the
+    first S keys before [ks, qe) (``AttentionPlan.key_span``)."""
+    chunks = []
+    step = size if block is None else min(size, block)
+    starts = range(0, T, step) if block is None else [s for b in range(0, T, block) for s in range(b, min(T, b + block), step)]
+    for qs in starts:
+        qe = min(T, qs + step, T if block is None else (qs // block + 1) * block)
+        ks = 0 if window is None else max(0, qs - window + 1)
+        if block is not None:
+            ks = max(ks, (qs // block - 1) * block)
+        chunks.append((qs, qe, ks))
+    return chunks
+
+
+class Facts(NamedTuple):
+    """A forward's facts that choose its path: the window and S ``sinks`` (``sink_window``), the ``block`` of
+    blockwise attention, whether gradients are on, whether positions are (B, T) (``batched``), the ``length``
+    T and ``band``, the width W of the encoding's distance bias where this device has its band kernel (None: no
+    such bias or kernel), and whether this device folds a low-rank bias (``fold``, ``FOLD_DEVICES``)."""
+
+    window: Optional[int] = None
+    block: Optional[int] = None
+    sinks: int = 0
+    grad: bool = False
+    batched: bool = False
+    length: int = 0
+    band: Optional[int] = None
+    fold: bool = True
+
+
+def choose_path(encoding: encodings.Encoding, facts: Facts) -> str:
+    """The path of one forward, one of ``PATHS``, from what ``encoding`` declares (its ``has_*`` flags) and the
+    forward's ``facts``.
+
+    - logits: the encoding computes each chunk's logits (``has_attention_logits``); parts where it also splits
+      them into plain attentions (``has_attention_parts``) and there are no sinks, whose keys are not one range.
+    - sinks: the first S keys stay visible beside the window, at their cache positions (``sinks.py``).
+    - folded: a low-rank bias (``has_low_rank_bias``), folded into extra q/k channels, where the device folds.
+    - distance_bias: a learned distance bias in training on (T,) positions without blocks, from BAND_MIN x W on.
+    - fused: no bias, no window, no blocks: one causal SDPA call.
+    - mask: anything else: SDPA with a float mask per chunk, the bias in it."""
+    f = facts
+    if encoding.has_attention_logits:
+        return "parts" if encoding.has_attention_parts and not f.sinks else "logits"
+    if f.sinks:
+        return "sinks"
+    if encoding.has_bias and encoding.has_low_rank_bias and f.fold:
+        return "folded"
+    if (encoding.has_bias and encoding.has_distance_bias and f.grad and not f.batched and f.block is None
+            and f.band is not None and f.length >= BAND_MIN * f.band):
+        return "distance_bias"
+    if not encoding.has_bias and f.window is None and f.block is None:
+        return "fused"
+    return "mask"
+
+
+class AttentionPlan:
+    """How one forward pass at length T runs attention: its path (``choose_path``), the query chunks and their
+    masks, shared by all layers. What each path needs:
+
+    - fused: one chunk, no mask: SDPA's fused causal path (``is_causal=True``).
+    - folded (e.g. ALiBi): the bias is folded into extra q/k channels (``fold_bias``), so no (Tq, Tk) bias
+      exists and SDPA stays on its fused kernels; queries come in chunks of at most ``FOLD_ROWS`` so the folded
+      values stay small (float precision). The first chunk is square and causal; later ones get a causal (and
+      window) mask without any bias.
+    - mask: a 4-D (1 or B, H or 1, q, k) float mask per chunk holding the bias and the causal/window/block -inf
+      entries (a 3-D mask would send SDPA to its slow math path).
+    - distance_bias (e.g. T5 in training on CPU): the mask as above, built as a constant, and the bias table
+      r (H, W + 1) whose gradient ``distance_bias.distance_bias_attention`` computes on a band of W diagonals
+      (flash kernel + band gradient), in chunks of ``BIAS_ROWS`` queries.
+    - logits (e.g. CoPE) and parts (e.g. ReRoPE): the mask as above goes to the encoding's logits
+      (``explicit.py``); chunks are sized for ``LOGIT_TENSORS`` tensors of (B, H, q, k) floats, or
+      ``PART_TENSORS`` (q, k) masks on the parts path.
+    - sinks (``encoding.attention_sinks`` = (S, W), StreamingLLM): keys j < S stay visible beside the window of
+      W keys (the encoding's W, else the model's); towards them a query is biased and rotated from its cache
+      position, min(i, S + W - 1) (``sinks.py``), its recent keys keep their true distances. Chunks are sized
+      as on the logits path, for the S + W - 1 + q keys a chunk of q queries has at most.
+
+    Positions are (T,) or, from an encoding's ``positions`` hook, (B, T); causality, windows and blocks always
+    count tokens (indices), never positions. ``encoding.attention_block(T)`` (blockwise causal attention)
+    cuts the chunks at block boundaries, each chunk's keys starting one block back.
+
+    Chunk i covers queries [qs, qe) and keys [ks, qe), after keys [0, min(S, ks)) with S sinks (``key_span``):
+    a sink chunk costs its window, not its whole prefix. When all chunks' masks together fit in
+    ``max_mask_bytes`` they are built once per forward and shared by the layers; otherwise each layer rebuilds
+    them, so at most one chunk's mask is alive at a time.
+    """
+
+    FOLD_ROWS = 256
+    BIAS_ROWS = 512  # query chunk of a learned distance bias in training (distance_bias.py)
+    LOGIT_TENSORS = 8  # (B, H, q, k) float tensors a logits or sinks chunk may hold at once (CoPE: ~6)
+    PART_TENSORS = 8  # (q, k) 4-byte tensors of a parts chunk: masks, pairs, distances (int64: 2)
+
+    def __init__(self, encoding: encodings.Encoding, pos: torch.Tensor, window: Optional[int], max_mask_bytes: int,
+                 batch: int = 1):
+        self.encoding = encoding
+        self.pos = pos  # (T,) or (B, T)
+        T = pos.shape[-1]
+        self.sinks, self.window = sink_window(encoding, window, T)
+        # token indices for causality and windows: the positions themselves when they are the plain (T,) ones
+        self.index = pos if pos.dim() == 1 else torch.arange(T, device=pos.device)
+        self.block = encoding.attention_block(T)
+        # r (H, W + 1) where the band kernel could train it (in training, on (T,) positions), carrying the
+        # gradient; not built at all in evaluation, and kept on that path only
+        grad, batched = torch.is_grad_enabled(), pos.dim() == 2
+        trainable = encoding.has_distance_bias and grad and not batched and distance_bias.supported(pos)
+        r = encoding.distance_bias() if trainable else None
+        self.path = choose_path(encoding, Facts(window=self.window, block=self.block, sinks=self.sinks, grad=grad,
+                                                batched=batched, length=T, band=None if r is None else r.shape[1] - 1,
+                                                fold=pos.device.type in FOLD_DEVICES))
+        self.distance_bias = r if self.path == "distance_bias" else None
+        self.mask_bias = encoding.has_bias and self.path != "folded"  # the bias goes into the masks
+        mask_batch = pos.shape[0] if pos.dim() == 2 and self.mask_bias else 1  # a bias of per-sequence positions
+        mask_heads = encoding.n_heads if self.mask_bias else 1
+        if self.path == "fused":
+            self.chunks = [(0, T, 0)]
+        else:
+            self.chunks = query_chunks(T, self._rows(T, max_mask_bytes, batch, mask_heads * mask_batch), self.window,
+                                       self.block)
+        # chunks that need no mask: SDPA's own causal mask is exact for a square chunk from position 0
+        self.causal = [self.path in SDPA_PATHS and not self.mask_bias and self.window is None and qs == 0 and ks == 0
+                       for qs, _, ks in self.chunks]
+        mask_bytes = sum(4 * mask_heads * mask_batch * (qe - qs) * (self.key_span(i)[0] + qe - ks)
+                         for i, ((qs, qe, ks), c) in enumerate(zip(self.chunks, self.causal)) if not c)
+        self._keep_masks = mask_bytes <= max_mask_bytes
+        self._masks: dict[int, torch.Tensor] = {}
+        self.factors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # fold_bias's, per chunk
+
+    def _rows(self, T: int, max_mask_bytes: int, batch: int, mask_cells: int) -> int:
+        """Queries per chunk: as many as keep a chunk's masks (``mask_cells`` 4-byte values per query-key pair),
+        logits or parts within ``max_mask_bytes``, capped by the path's own chunk size."""
+        logits = self.encoding.n_heads * batch * self.LOGIT_TENSORS  # whole (B, H, q, k) logits
+        cell = 4 * {"parts": self.PART_TENSORS, "logits": logits, "sinks": logits}.get(self.path, mask_cells)
+        if self.sinks:  # a chunk of q queries has at most S + W - 1 + q keys: the largest q that fits
+            n = self.sinks + self.window
+            size = int((math.sqrt(n * n + 4 * max_mask_bytes / cell) - n) / 2)
+        else:  # at most T keys
+            size = max_mask_bytes // (cell * T)
+        size = max(1, min(T, size))
+        # a distance-bias chunk's keys are [0, qe): BIAS_ROWS skips most of the masked upper half
+        return min(size, {"folded": self.FOLD_ROWS, "distance_bias": self.BIAS_ROWS}.get(self.path, size))
+
+    def key_span(self, i: int) -> tuple[int, int, int]:
+        """Chunk i's keys as (p, ks, qe): keys [0, p) then [ks, qe); p = min(S, ks) with S sinks, else 0."""
+        _, qe, ks = self.chunks[i]
+        return min(self.sinks, ks), ks, qe
+
+    def chunk_keys(self, i: int, x: torch.Tensor, dim: int) -> torch.Tensor:
+        """Chunk i's keys of ``x`` along ``dim``: x[ks:qe], after x[:p] (the sinks) where the window left them."""
+        p, ks, qe = self.key_span(i)
+        if p == 0:
+            return x.narrow(dim, ks, qe - ks)
+        return torch.cat((x.narrow(dim, 0, p), x.narrow(dim, ks, qe - ks)), dim)
+
+    def chunk_positions(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions of chunk i's queries and keys: (q,), (k,) or (B, q), (B, k)."""
+        qs, qe, _ = self.chunks[i]
+        return self.pos[..., qs:qe], self.chunk_keys(i, self.pos, -1)
+
+    def mask(self, i: int, dtype: torch.dtype) -> Optional[torch.Tensor]:
+        """Chunk i's additive mask (1 or B, H or 1, q, k): the bias where it goes into the masks, -inf outside
+        the visible set; None for a causal chunk."""
+        if self.causal[i]:
+            return None
+        if i in self._masks:
+            return self._masks[i].to(dtype)
+        qs, qe, ks = self.chunks[i]
+        q_pos, k_pos = self.chunk_positions(i)
+        q_idx, k_idx = self.index[qs:qe], self.chunk_keys(i, self.index, -1)
+        rel = k_idx[None, :] - q_idx[:, None]  # (q, k): key minus query index
+        allowed = rel <= 0
+        if self.window is not None:
+            allowed = allowed & (rel > -self.window)
+        if self.block is not None:  # keys from the query's previous block on
+            allowed = allowed & (k_idx[None, :] >= (q_idx[:, None] // self.block - 1) * self.block)
+        if self.sinks:  # the first S tokens stay visible (they are the first columns: key_span)
+            allowed = allowed | ((k_idx[None, :] < self.sinks) & (rel <= 0))
+        with torch.set_grad_enabled(torch.is_grad_enabled() and self.distance_bias is None):  # else: a constant
+            bias = self.encoding.bias(q_pos, k_pos) if self.mask_bias else None  # (1 or B, H, q, k) or None
+            if bias is not None and self.sinks:  # towards the sinks from the query's cache position
+                bias = sink_bias(self, q_pos, k_pos, bias)
+        if bias is None:
+            mask = torch.zeros(1, 1, *allowed.shape, device=self.pos.device)
+        else:
+            mask = bias.float()
+        mask = mask.masked_fill(~allowed, float("-inf"))  # (1 or B, H or 1, q, k)
+        if self._keep_masks:
+            self._masks[i] = mask
+        return mask.to(dtype)
+
+
+class Chunk(NamedTuple):
+    """What a path attends for query chunk i of one layer: q (B, H, q, D) rotated at the queries' positions;
+    k, v (B, H, k, D) the chunk's keys (``AttentionPlan.key_span``), k rotated; the chunk's mask, None for a
+    causal chunk; the logit scale; ``raw``: the layer's q and k (B, H, T, D) before ``rotate`` (the sink path
+    rotates queries again, at their cache positions); ``encoding``: the layer's (``Encoding.for_layer``), whose
+    own logits the explicit paths call."""
+
+    i: int
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    mask: Optional[torch.Tensor]
+    scale: float
+    raw: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+    encoding: Optional[encodings.Encoding] = None
+
+
+# ---- attention sinks: which keys a chunk sees, and from where its queries see them -----------------------
+
+def sink_window(encoding: encodings.Encoding | type[encodings.Encoding], window: Optional[int],
+                length: Optional[int] = None) -> tuple[int, Optional[int]]:
+    """(S sinks, the window) for this encoding (or class) and the model's window: S = 0 without sinks. For
+    windows of ``length`` <= S + W tokens the cache holds them whole: (0, None), plain causal attention."""
+    if encoding.attention_sinks is None:
+        return 0, window
+    sinks, own = encoding.attention_sinks
+    if own is not None and window is not None and own != window:
+        raise ConfigError(f"{encoding.name}: its sink window {own} differs from the model's window {window}")
+    if own is None and window is None:
+        raise ConfigError(f"{encoding.name}: attention sinks need a sliding window; name one, e.g. "
+                          f"{encoding.name}+sw64, or evaluate a model trained with one")
+    window = own if own is not None else window
+    return (0, None) if sinks and length is not None and length <= sinks + window else (sinks, window)
+
+
+def cache_positions(q_pos: torch.Tensor, sinks: int, window: int) -> torch.Tensor:
+    """The queries' positions in a cache of S sinks and W recent tokens: min(i, S + W - 1)."""
+    return q_pos.clamp(max=sinks + window - 1)
+
+
+def sink_bias(plan: AttentionPlan, q_pos: torch.Tensor, k_pos: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """A chunk's bias (1 or B, H, q, k) with its first S columns, the sinks', taken from the queries' cache
+    positions; the recent keys' columns stay as ``bias`` has them."""
+    towards_sinks = plan.encoding.bias(cache_positions(q_pos, plan.sinks, plan.window), k_pos[..., :plan.sinks])
+    return torch.cat((towards_sinks, bias[..., plan.sinks:]), dim=-1)

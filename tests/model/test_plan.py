@@ -1,0 +1,153 @@
+"""The attention plan: the path a forward takes (``choose_path``, a pure function of the encoding's declared
+capabilities and the forward's facts), its chunks and masks within the memory budget, and the attention-sinks
+geometry (``sink_window``, ``cache_positions``). The paths that run it: test_attention.py, test_explicit.py,
+test_sinks.py."""
+
+import types
+
+import pytest
+import torch
+
+from posenc_bench import encodings
+from posenc_bench.errors import ConfigError
+from posenc_bench.model.attention import PATHS
+from posenc_bench.model.plan import AttentionPlan, Facts, cache_positions, choose_path, sink_window
+from posenc_bench.model.transformer import DecoderLM, ModelConfig
+
+CAPABILITIES = ("has_bias", "has_low_rank_bias", "has_distance_bias", "has_attention_logits", "has_attention_parts")
+FACTS = {"window": None, "block": None, "sinks": 0, "grad": False, "batched": False, "length": 1024, "band": None}
+BIAS, LOW_RANK, DISTANCE, LOGITS, PARTS = CAPABILITIES
+
+
+def declaring(*flags):
+    """An encoding that declares these capabilities and none of the others: all choose_path may read."""
+    return types.SimpleNamespace(**{flag: flag in flags for flag in CAPABILITIES})
+
+
+@pytest.mark.parametrize("flags,facts,path", [
+    ((), {}, "fused"),
+    ((), {"grad": True, "batched": True}, "fused"),  # +rand training: positions do not choose the path
+    ((), {"window": 8}, "mask"),
+    ((), {"block": 32}, "mask"),
+    ((), {"sinks": 4, "window": 8}, "sinks"),
+    ((BIAS,), {}, "mask"),
+    ((BIAS, LOW_RANK), {}, "folded"),
+    ((BIAS, LOW_RANK), {"window": 8, "grad": True, "batched": True}, "folded"),
+    ((BIAS, LOW_RANK), {"sinks": 2, "window": 8}, "sinks"),  # the sinks' bias needs the mask
+    ((BIAS, LOW_RANK), {"fold": False}, "mask"),  # CUDA: the bias mask is faster than folding there
+    ((BIAS, LOW_RANK), {"fold": False, "grad": True, "batched": True}, "mask"),
+    # a learned distance bias trains on its band: with gradients, (T,) positions, no blocks, the kernel (band)
+    # and T >= BAND_MIN x W; otherwise it is a mask like any bias
+    ((BIAS, DISTANCE), {"grad": True, "band": 128}, "distance_bias"),
+    ((BIAS, DISTANCE), {"grad": True, "band": 128, "window": 200}, "distance_bias"),
+    ((BIAS, DISTANCE), {"grad": True, "band": 256}, "distance_bias"),  # 1024 = BAND_MIN x 256
+    ((BIAS, DISTANCE), {"grad": True, "band": 257}, "mask"),
+    ((BIAS, DISTANCE), {"band": 128}, "mask"),
+    ((BIAS, DISTANCE), {"grad": True}, "mask"),  # no band kernel on this device
+    ((BIAS, DISTANCE), {"grad": True, "band": 128, "batched": True}, "mask"),
+    ((BIAS, DISTANCE), {"grad": True, "band": 128, "block": 64}, "mask"),
+    ((BIAS, DISTANCE), {"grad": True, "band": 128, "sinks": 1, "window": 5}, "sinks"),
+    ((BIAS, DISTANCE, LOW_RANK), {"grad": True, "band": 128}, "folded"),
+    ((DISTANCE,), {"grad": True, "band": 128}, "fused"),  # no bias declared: nothing to train
+    ((LOGITS,), {}, "logits"),
+    ((LOGITS,), {"sinks": 4, "window": 8}, "logits"),  # CoPE counts positions over the visible set itself
+    ((LOGITS, BIAS, LOW_RANK), {}, "logits"),  # the bias goes into the mask it gets
+    ((LOGITS, PARTS), {}, "parts"),
+    ((LOGITS, PARTS), {"window": 8, "grad": True, "block": 16}, "parts"),
+    ((LOGITS, PARTS), {"sinks": 4, "window": 8}, "logits"),  # a sink chunk's keys are not one range
+    ((PARTS,), {}, "fused"),  # parts without logits: a plain encoding at this length (ReRoPE within its w)
+])
+def test_the_path_is_a_pure_function_of_capabilities_and_facts(flags, facts, path):
+    assert choose_path(declaring(*flags), Facts(**{**FACTS, **facts})) == path
+    assert path in PATHS
+
+
+@pytest.mark.parametrize("name,window,T,grad,path", [
+    ("rope", None, 64, False, "fused"),
+    ("rope", 8, 64, False, "mask"),
+    ("rope+rand", None, 64, True, "fused"),
+    ("alibi", None, 64, True, "folded"),
+    ("t5", None, 64, True, "mask"),
+    ("t5", None, 600, True, "distance_bias"),
+    ("t5", None, 600, False, "mask"),
+    ("cope", None, 64, False, "logits"),
+    ("rope-rerope", None, 64, False, "parts"),
+    ("rope-rerope", None, 4, False, "fused"),  # within its w = 4 (train length 32 / 8): plain rope
+    ("xpos+bca", None, 64, False, "mask"),  # blocks past the train length
+    ("xpos+bca", None, 32, False, "fused"),
+    ("rope+sink4+sw8", None, 64, False, "sinks"),
+    ("rope+sink4+sw8", None, 12, False, "fused"),  # the cache holds the whole window
+    ("alibi+sink2+sw8", None, 64, False, "sinks"),
+    ("cope+sink4+sw8", None, 64, False, "logits"),
+])
+def test_the_plan_takes_the_path_its_encoding_declares(name, window, T, grad, path):
+    enc = encodings.build(name, d_model=32, n_heads=4, train_len=32)
+    enc.set_eval_length(T)
+    with torch.set_grad_enabled(grad):
+        plan = AttentionPlan(enc, enc.positions(2, T, torch.device("cpu")), window, 64 << 20, batch=2)
+    assert plan.path == path
+    assert (plan.distance_bias is not None) == (path == "distance_bias")
+    assert (plan.chunks == [(0, T, 0)] and plan.mask(0, torch.float32) is None) or path != "fused"
+
+
+def test_plan_uses_fused_causal_path_only_without_bias_and_window():
+    cfg = ModelConfig(d_model=32, n_layers=1, n_heads=4)
+    pos = torch.arange(64)
+    assert AttentionPlan(DecoderLM(cfg, "rope", 16).encoding, pos, None, 1 << 20).path == "fused"
+    assert AttentionPlan(DecoderLM(cfg, "rope", 16).encoding, pos, 8, 1 << 20).path == "mask"
+    plan = AttentionPlan(DecoderLM(cfg, "t5", 16).encoding, pos, None, 4 * 4 * 64 * 10)
+    assert plan.path == "mask"
+    assert [c[0] for c in plan.chunks] == list(range(0, 64, 10))  # 10 query rows per chunk fit the budget
+    mask = plan.mask(1, torch.float32)
+    assert mask.shape == (1, 4, 10, 20) and mask.dim() == 4  # 4-D: SDPA's fused CPU kernel, not math
+
+
+def test_chunked_mask_memory_is_bounded():
+    cfg = ModelConfig(d_model=32, n_layers=1, n_heads=4)
+    enc = DecoderLM(cfg, "t5", 16).encoding
+    plan = AttentionPlan(enc, torch.arange(2048), None, 1 << 20)
+    biggest = max(plan.mask(i, torch.float32).numel() * 4 for i in range(len(plan.chunks)))
+    assert biggest <= 1 << 20  # vs 4 * 2048 * 2048 * 4 = 64 MiB for the full matrix
+
+
+def test_alibi_is_folded_into_qk_channels_and_builds_no_bias():
+    cfg = ModelConfig(d_model=32, n_layers=1, n_heads=4)
+    plan = AttentionPlan(DecoderLM(cfg, "alibi", 16).encoding, torch.arange(1200), None, 64 << 20)
+    assert plan.path == "folded" and not plan.mask_bias
+    assert [c[:2] for c in plan.chunks][:2] == [(0, 256), (256, 512)]  # FOLD_ROWS queries each
+    assert plan.mask(0, torch.float32) is None  # square causal chunk: SDPA's own causal mask
+    assert plan.mask(1, torch.float32).shape == (1, 1, 256, 512)  # causal only: no per-head bias
+
+
+@pytest.mark.parametrize("budget,shared", [(64 << 20, True), (256 * 1024 * 4, False)])
+def test_chunk_masks_are_shared_by_the_layers_only_within_the_memory_budget(budget, shared):
+    # 1200 positions in 256-row chunks: the 4 masked chunks need 256 x (512 + 768 + 1024 + 1200) x 4 bytes = 3.5 MiB
+    plan = AttentionPlan(DecoderLM(ModelConfig(d_model=32, n_layers=1, n_heads=4), "alibi", 16).encoding,
+                         torch.arange(1200), None, budget)
+    first = [plan.mask(i, torch.float32) for i in range(1, len(plan.chunks))]
+    again = [plan.mask(i, torch.float32) for i in range(1, len(plan.chunks))]
+    assert all((a is b) == shared for a, b in zip(first, again))  # the next layer gets the same tensors, or new ones
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert len(plan._masks) == (4 if shared else 0)
+
+
+@pytest.mark.parametrize("row,window,length,want", [
+    ("rope", None, 100, (0, None)), ("rope", 16, 100, (0, 16)),  # no sinks: the model's window as it is
+    ("rope+sink4+sw8", None, 100, (4, 8)), ("rope+sink4", 8, 100, (4, 8)), ("rope+sink4+sw8", 8, 100, (4, 8)),
+    ("rope+sink4+sw8", None, 12, (0, None)), ("rope+sink4+sw8", None, 13, (4, 8)),  # S + W = 12 fit the cache
+    ("rope+sink4+sw8", None, None, (4, 8)), ("rope+sink0+sw8", None, 5, (0, 8)),  # no sinks: the window stays
+])
+def test_sink_window_gives_the_sinks_and_the_window(row, window, length, want):
+    assert sink_window(encodings.get_class(row), window, length) == want
+
+
+def test_sink_window_needs_exactly_one_window_and_names_the_row():
+    with pytest.raises(ConfigError, match=r"rope\+sink4: attention sinks need a sliding window.*rope\+sink4\+sw64"):
+        sink_window(encodings.get_class("rope+sink4"), None)
+    with pytest.raises(ConfigError, match=r"rope\+sink4\+sw8: its sink window 8 differs from the model's window 16"):
+        sink_window(encodings.get_class("rope+sink4+sw8"), 16)
+
+
+def test_cache_positions_stop_at_the_last_slot_of_the_cache():
+    assert cache_positions(torch.arange(16), 4, 8).tolist() == list(range(12)) + [11] * 4
+    assert cache_positions(torch.arange(20).view(2, 10), 2, 3).tolist() == [[0, 1, 2, 3, 4] + [4] * 5, [4] * 10]
