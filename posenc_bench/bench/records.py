@@ -94,8 +94,8 @@ MEASURED = ("ppl", "bpb", "loss", "tokens", "bytes", "loss_by_position", "units"
 def new_record(run: dict, row: str, seed: int, eval_len: int, *, metric: str = "ppl", **fields: Any) -> dict:
     """The record of one (row, seed, eval length), not yet measured: what it is, then the row's own
     ``fields`` (keys, training figures, ...), then where it was measured (from the run's metadata)."""
-    if metric not in metrics.KINDS:
-        raise ValueError(f"unknown metric {metric!r}; valid: {', '.join(metrics.KINDS)}")
+    if metric not in metrics.kinds(in_results=True):
+        raise ValueError(f"unknown metric {metric!r}; valid: {', '.join(metrics.kinds(in_results=True))}")
     train_len = run["train_len"]
     rec = {"encoding": row, "base_encoding": fields.pop("base_encoding", row), "window": fields.pop("window", None),
            "seed": seed, "train_len": train_len, "eval_len": eval_len, "ratio": eval_len / train_len, "metric": metric,

@@ -3,10 +3,10 @@ finding, plot and gate check asks about a number. ``from posenc_bench import met
 functions; adding a metric is one module (registered in ``registry.MODULES``, or a plugin's through the
 entry-point group ``posenc_bench.metrics``) and its test."""
 
-from posenc_bench.metrics.registry import (ENTRY_POINTS, KINDS, MIN_EFFECT, MIN_POINTS, MODULES, REGISTRY, SHARE,
-                                           Kind, Metric, MetricError, get, kind, kind_of, names, of_kind,
-                                           record_value, register, register_kind, tabled, unregister)
+from posenc_bench.metrics.registry import (ENTRY_POINTS, MIN_EFFECT, MIN_POINTS, MODULES, SHARE, Kind, Metric,
+                                           MetricError, get, kind, kind_of, kinds, names, of_kind, record_value,
+                                           register, register_kind, tabled, unregister)
 
-__all__ = ["ENTRY_POINTS", "KINDS", "MIN_EFFECT", "MIN_POINTS", "MODULES", "REGISTRY", "SHARE", "Kind", "Metric",
-           "MetricError", "get", "kind", "kind_of", "names", "of_kind", "record_value", "register", "register_kind",
-           "tabled", "unregister"]
+__all__ = ["ENTRY_POINTS", "MIN_EFFECT", "MIN_POINTS", "MODULES", "SHARE", "Kind", "Metric", "MetricError", "get",
+           "kind", "kind_of", "kinds", "names", "of_kind", "record_value", "register", "register_kind", "tabled",
+           "unregister"]

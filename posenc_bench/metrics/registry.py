@@ -152,6 +152,12 @@ def names(kind: Optional[str] = None) -> list[str]:
     return [m.name for m in REGISTRY.values() if kind is None or m.kind == kind]
 
 
+def kinds(in_results: bool = False) -> list[str]:
+    """Every kind of record's name (``in_results``: only those whose records live in results files)."""
+    _load()
+    return [k.name for k in KINDS.values() if k.in_results or not in_results]
+
+
 def tabled() -> list[str]:
     """The metrics a report can tabulate: those of every kind whose records live in results files."""
     _load()

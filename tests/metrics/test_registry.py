@@ -93,3 +93,14 @@ def test_a_plugin_metric_is_in_the_report_the_gate_and_the_plots(plugin, tmp_pat
 
 def test_without_the_plugin_its_metric_is_unknown():
     assert "nll" not in metrics.names()
+
+
+def test_a_fresh_process_finds_every_kind_before_anything_asks_for_a_metric():
+    """The registry loads on the first question of any kind, so a record can be built in a new process (a
+    torchrun rank, the memory probe) before any table asked for a metric."""
+    import subprocess
+
+    code = ("from posenc_bench import metrics\n"
+            "assert metrics.kinds(in_results=True) == ['ppl', 'accuracy'], metrics.kinds()\n"
+            "assert metrics.kinds() == ['ppl', 'accuracy', 'passkey']\n")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).returncode == 0
