@@ -15,7 +15,7 @@ from posenc_bench.encodings.absolute import sinusoidal_table
 from posenc_bench.encodings.rope import default_inv_freq, rope_cos_sin_halves
 from posenc_bench.model.plan import AttentionPlan
 from posenc_bench.model.transformer import CausalSelfAttention, ModelConfig
-from posenc_bench.bench.references import floor_fns, hf_rotary, textbook_sinusoidal
+from posenc_bench.bench.timing.references import floor_fns, hf_rotary, textbook_sinusoidal
 
 D_MODEL, HEAD_DIM = 512, 128
 

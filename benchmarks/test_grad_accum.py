@@ -1,5 +1,5 @@
 """Cost of gradient accumulation: train() steps at the default model size with the global batch of 16 x 128
-tokens cut into 1, 2 or 4 micro-batches (same numbers to fp32 rounding; tests/bench/test_dist.py).
+tokens cut into 1, 2 or 4 micro-batches (same numbers to fp32 rounding; tests/bench/run/test_dist.py).
 
 pytest benchmarks/test_grad_accum.py --benchmark-only
 Read each grad_accum's time as a ratio to grad_accum=1 measured in the same run.
@@ -11,8 +11,8 @@ import torch
 from posenc_bench.bench.config import TrainConfig
 from posenc_bench.data import TrainBatches
 from posenc_bench.model.transformer import DecoderLM, ModelConfig
-from posenc_bench.bench.runtime import Runtime
-from posenc_bench.bench.train import train
+from posenc_bench.bench.run.runtime import Runtime
+from posenc_bench.bench.train.loop import train
 
 STEPS = 2
 

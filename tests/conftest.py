@@ -15,7 +15,7 @@ def tiny_cfg():
     return ModelConfig(d_model=32, n_layers=2, n_heads=4)
 
 
-# ---- a tiny Hugging Face model, built offline once per session (tests/hf and tests/bench/test_pretrained.py) ----
+# ---- a tiny Hugging Face model, built offline once per session (tests/hf and tests/bench/eval/test_pretrained.py) ----
 
 @pytest.fixture(scope="session")
 def tokenizer():

@@ -107,8 +107,8 @@ def test_bits_per_byte_of_a_bpe_model_count_the_bytes_of_text(tmp_path, bpe):
     """A model evaluated on BPE tokens: bpb = NLL / ln 2 / the bytes behind the targets, which are the bytes of
     the text the targets decode to (BOS none), and ppl is per token."""
     from posenc_bench.bench.config import RunConfig
-    from posenc_bench.bench.evaluate import EvalSet, evaluate_model
-    from posenc_bench.bench.runtime import Runtime
+    from posenc_bench.bench.eval.evaluate import EvalSet, evaluate_model
+    from posenc_bench.bench.run.runtime import Runtime
     from posenc_bench.data import Corpus
     from posenc_bench.model.transformer import DecoderLM, ModelConfig
 

@@ -1,7 +1,7 @@
 """Intervals from the per-unit numbers of results files: a seed level valid for few seeds, a text level for one.
 
 Every record of a run keeps, for each resampling unit (a block of consecutive targets, the run's longest eval
-length long, see ``bench/evaluate.py``), the NLL sum, target count and byte count. A unit is the same text at
+length long, see ``bench/eval/evaluate.py``), the NLL sum, target count and byte count. A unit is the same text at
 every length and for every row, so one bootstrap draw of the text picks a multiset of units, the same for
 every row, seed and length: comparisons stay paired. Each draw recomputes each seed's statistic exactly as the
 table does (ppl = exp(sum NLL / targets), or a ratio of two of them).

@@ -6,7 +6,7 @@ File layout::
      "records": [ {encoding, seed, train_len, eval_len, ratio, metric, status, reason, ppl, bpb, loss, ...} ]}
 
 One record per (encoding row, seed, eval length). ``metric`` names what its numbers measure (``ppl``: the
-perplexity protocol of ``bench/evaluate.py``; records written before the field existed are ppl records).
+perplexity protocol of ``bench/eval/evaluate.py``; records written before the field existed are ppl records).
 ``status`` is "ok", "n/a" (the encoding cannot run at that length; ``reason`` says why) or "diverged"
 (training blew up; ``reason`` has the step and last finite loss).
 
@@ -135,7 +135,7 @@ def model_record(run: dict, row: "Row", seed: int, eval_len: int, *, keys: dict,
 
 
 def passkey_record(length: int, train_len: int, depth: float) -> dict:
-    """The record of one passkey (length, depth) of ``bench/passkey.py``, not yet measured (its passkey.json
+    """The record of one passkey (length, depth) of ``bench/eval/passkey.py``, not yet measured (its passkey.json
     fields, in their order): ``measured_passkey`` fills in the trials, ``not_measured`` marks it n/a."""
     return {"length": length, "ratio": length / train_len, "depth": depth, "status": "ok", "reason": "",
             "trials": 0, "correct": 0, "accuracy": None}

@@ -21,15 +21,16 @@ from typing import Callable, Iterator, Optional
 import torch
 import yaml
 
-from posenc_bench.bench import checkpoint, eta, work
+from posenc_bench.bench import checkpoint, work
+from posenc_bench.bench.train import eta
 from posenc_bench.bench.config import RunConfig, TrainConfig
-from posenc_bench.bench.dist import Dist
+from posenc_bench.bench.run.dist import Dist
 from posenc_bench.bench.keys import Keys, model_key
 from posenc_bench.bench.records import ResultsFolder, ResultsStore, finished, model_record, run_meta, score, summary_line
 from posenc_bench.bench.rows import Row
-from posenc_bench.bench.runtime import Runtime
-from posenc_bench.bench.shard import shard_cells, shard_file, shard_meta, training_unit
-from posenc_bench.bench.train import Resume, TrainOutcome, train
+from posenc_bench.bench.run.runtime import Runtime
+from posenc_bench.bench.run.shard import shard_cells, shard_file, shard_meta, training_unit
+from posenc_bench.bench.train.loop import Resume, TrainOutcome, train
 from posenc_bench.data import TrainBatches
 from posenc_bench.env import device_description
 from posenc_bench.files import atomic_write_text

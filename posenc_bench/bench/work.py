@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from posenc_bench.bench.config import RunConfig, load_run_corpus
-from posenc_bench.bench.evaluate import EvalSet, evaluate_model
+from posenc_bench.bench.eval.evaluate import EvalSet, evaluate_model
 from posenc_bench.data import Corpus, TrainBatches
 from posenc_bench.errors import DataError
 from posenc_bench.tokenizer import keep_tokenizer

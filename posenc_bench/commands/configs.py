@@ -15,14 +15,14 @@ def first_sentence(text: str) -> str:
 
 
 def cmd(args: argparse.Namespace) -> int:
-    from posenc_bench.bench import eta
+    from posenc_bench.bench.train import eta
     from posenc_bench.bench.config import builtin_configs, config_header, load_config
 
     configs = builtin_configs()
     width = max(map(len, configs), default=0)
     for name, path in configs.items():
         header, cfg = config_header(path), load_config(name)
-        stated = cfg.expected_sweep_s  # the time its comment states, as a field (tests/bench/test_eta.py)
+        stated = cfg.expected_sweep_s  # the time its comment states, as a field (tests/bench/train/test_eta.py)
         print(f"{name:<{width}}  {first_sentence(header) or '(no comment)'}")
         print(f"{'':<{width}}  cost: {eta.cost_line(cfg)}"
               + (f"; its comment states ~{eta.duration(stated)}" if stated else ""))

@@ -42,7 +42,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def cmd(args: argparse.Namespace) -> int:
     from posenc_bench.analysis.report import write_tables
-    from posenc_bench.bench.pretrained import EvalOptions, parse_scalings, run_eval
+    from posenc_bench.bench.eval.pretrained import EvalOptions, parse_scalings, run_eval
 
     opts = EvalOptions(
         model=args.model,

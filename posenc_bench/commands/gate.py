@@ -62,7 +62,7 @@ def cmd(args: argparse.Namespace) -> int:
     from posenc_bench.analysis.report import write_tables
     from posenc_bench.bench.config import load_config
     from posenc_bench.bench.records import read_results
-    from posenc_bench.bench.runtime import Runtime
+    from posenc_bench.bench.run.runtime import Runtime
     from posenc_bench.bench.sweep import Sweep
 
     if (args.config is None) == (args.current is None):

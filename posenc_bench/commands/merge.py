@@ -19,7 +19,7 @@ def cmd(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from posenc_bench.analysis.report import write_tables
-    from posenc_bench.bench.shard import find_inputs, merge_into, missing_cells
+    from posenc_bench.bench.run.shard import find_inputs, merge_into, missing_cells
     from posenc_bench.tokenizer import file_name
 
     files = find_inputs(args.inputs)

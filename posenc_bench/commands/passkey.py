@@ -42,7 +42,7 @@ def prompt_lengths(value: str, train_len: int) -> list[int]:
 
 
 def cmd(args: argparse.Namespace) -> int:
-    from posenc_bench.bench import passkey
+    from posenc_bench.bench.eval import passkey
     from posenc_bench.env import git_commit, versions
 
     lm = passkey.load_lm(args.model, encoding=args.encoding, rope_scaling=args.rope_scaling, device=args.device,

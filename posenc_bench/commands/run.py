@@ -108,12 +108,12 @@ def run_config(args: argparse.Namespace):
 def cmd(args: argparse.Namespace) -> int:
     import yaml
 
-    from posenc_bench.bench import dist as distributed
+    from posenc_bench.bench.run import dist as distributed
     from posenc_bench.analysis.context import plateau_rows, unlearned_rows
     from posenc_bench.analysis.report import results_markdown, write_tables
-    from posenc_bench.bench.runtime import Runtime
+    from posenc_bench.bench.run.runtime import Runtime
     from posenc_bench.bench.sweep import Sweep, train_worker
-    from posenc_bench.bench.shard import parse_shard, shard_file
+    from posenc_bench.bench.run.shard import parse_shard, shard_file
 
     shard = parse_shard(args.shard) if args.shard is not None else None
     cfg = run_config(args)

@@ -26,7 +26,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def cmd(args: argparse.Namespace) -> int:
-    from posenc_bench.bench.timing import TimingConfig, markdown, run_timing, write_outputs
+    from posenc_bench.bench.timing.suite import TimingConfig, markdown, run_timing, write_outputs
 
     try:
         lengths = [int(v) for v in args.lengths.split(",") if v.strip()]

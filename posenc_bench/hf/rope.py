@@ -9,7 +9,7 @@ The scalings and their parameters are the entries of ``encodings.rope_scaling.SC
 has a rope_type for (not ntk), so our own rows and a Hugging Face model's are scaled by the same definitions.
 The other zero-shot rows (ntk, and the fixes that re-position query-key pairs or re-index the cache) do not
 fit in rope_parameters: ``hf/attention.py`` runs them through our attention. Which names ``--rope-scaling``
-takes is a question about rows (``bench/rows.Row``), answered in ``bench/pretrained.py``; this module gets a
+takes is a question about rows (``bench/rows.Row``), answered in ``bench/eval/pretrained.py``; this module gets a
 scaling's name and never reads a row's.
 """
 

@@ -1,4 +1,4 @@
-"""Passkey accuracy: the share of passkey trials whose key the model reads back exactly (``bench/passkey.py``).
+"""Passkey accuracy: the share of passkey trials whose key the model reads back exactly (``bench/eval/passkey.py``).
 
 A passkey record is one (length, depth) of a model with its trials and how many were right; its accuracy is
 correct / trials. Higher is better; two models compare as a difference of shares. Not gated: the passkey test

@@ -1,6 +1,6 @@
 """Perplexity: exp of the token-weighted mean NLL of a text's targets, the headline number of a text run.
 
-A unit's NLL sum over its targets (``bench/evaluate.py``) and the text's token count per unit give the ppl of
+A unit's NLL sum over its targets (``bench/eval/evaluate.py``) and the text's token count per unit give the ppl of
 any multiset of units exactly: exp(sum NLL / sum tokens). Lower is better; two rows compare as a ratio (the same
 targets scored by both). Also registers the kind of record it is read from: text, whose token and byte counts
 per unit are the text's (the same in every record) and whose rows also compare by their ratio to 1x.

@@ -227,7 +227,7 @@ def test_update_baseline_writes_atomically_and_shows_the_changes(tmp_path, capsy
 
 
 def hf_eval(records, model="tiny-llama"):
-    """Results of `posenc-bench eval` of a pretrained Hugging Face model, as bench/pretrained.py writes them:
+    """Results of `posenc-bench eval` of a pretrained Hugging Face model, as bench/eval/pretrained.py writes them:
     no model or training config of ours, the model's own identity, rows named after it."""
     run = {"kind": "eval", "model": {"kind": "hf", "model": model, "ref": f"/models/{model}", "gguf_file": None,
                                      "files_sha256": "0123abcd", "dtype": "float32", "class": "LlamaForCausalLM"},

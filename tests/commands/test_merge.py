@@ -1,5 +1,5 @@
 """`posenc-bench merge`: what it writes beside the merged results, and bad input as one line (the merge rules
-themselves are tested in tests/bench/test_shard.py)."""
+themselves are tested in tests/bench/run/test_shard.py)."""
 
 import json
 import shutil

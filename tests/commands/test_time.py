@@ -1,5 +1,5 @@
 """`posenc-bench time`: bad input is one line and exit 2, before anything is timed or written (what it measures
-is tested in tests/bench/test_timing.py)."""
+is tested in tests/bench/timing/test_suite.py)."""
 
 import pytest
 import torch

@@ -23,7 +23,7 @@ def test_ppl_equals_transformers_own_loss_on_the_same_windows(llama_dir, llama_e
     from transformers import AutoModelForCausalLM
 
     from posenc_bench.data import eval_segments, load_corpus
-    from posenc_bench.bench.evaluate import segment_length
+    from posenc_bench.bench.eval.evaluate import segment_length
 
     data, _ = llama_eval
     run = data["run"]

@@ -41,7 +41,7 @@ class RunConfig:
     """Seconds the whole sweep of this config takes on the machine it was sized on: the wall-clock time of
     ``posenc-bench run --config NAME`` from an empty results folder (every model trained, every cell evaluated)
     on 2 CPU cores, measured when the config was sized and rounded as its header comment says it ("about 10
-    minutes"). The reference of the run's time estimate (``bench/eta.py``): an estimate beyond 3x it gets a
+    minutes"). The reference of the run's time estimate (``bench/train/eta.py``): an estimate beyond 3x it gets a
     note with what brings the sweep under that. None: the config states no time (on a CPU the note then comes
     past an hour). Changes no number: not part of a result's identity (``records.NOT_IDENTITY``) or any key."""
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -46,8 +46,8 @@ def test_exact_match_in_one_forward_pass_is_greedy_decodings_success(name):
     """A briefly trained model gets some instances right and some wrong; the teacher-forced argmax scoring
     and greedy decoding agree on every one."""
     from posenc_bench.bench.config import TrainConfig
-    from posenc_bench.bench.runtime import Runtime
-    from posenc_bench.bench.train import train
+    from posenc_bench.bench.run.runtime import Runtime
+    from posenc_bench.bench.train.loop import train
     from posenc_bench.model.transformer import DecoderLM, ModelConfig
 
     task = tasks.get(name)

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from posenc_bench.data import TrainBatches
-from posenc_bench.bench.dist import rows_of_rank
-from posenc_bench.bench.runtime import Runtime
+from posenc_bench.bench.run.dist import rows_of_rank
+from posenc_bench.bench.run.runtime import Runtime
 from posenc_bench.progress import progress_bar
 from posenc_bench.files import atomic_write
 
@@ -132,7 +132,7 @@ def train(model: torch.nn.Module, batches: TrainBatches, cfg, rt: Runtime, *, re
     batch's tokens, as in one process with the whole batch. Only rank 0 reads and writes ``resume.path``; it
     sends a resumed state to the other ranks, so the state resumes on any number of processes.
 
-    ``on_step`` is called after every step (the sweep's :class:`~posenc_bench.bench.eta.Clock` times them).
+    ``on_step`` is called after every step (the sweep's :class:`~posenc_bench.bench.train.eta.Clock` times them).
     """
     device, dist = rt.device, rt.dist
     model.to(device).train()

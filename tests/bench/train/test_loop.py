@@ -6,8 +6,8 @@ import torch
 from posenc_bench.bench.config import TrainConfig
 from posenc_bench.data import TrainBatches
 from posenc_bench.model.transformer import DecoderLM, ModelConfig
-from posenc_bench.bench.train import Resume, lr_at, train
-from posenc_bench.bench.runtime import Runtime
+from posenc_bench.bench.train.loop import Resume, lr_at, train
+from posenc_bench.bench.run.runtime import Runtime
 
 
 def test_schedule_warms_up_then_decays_to_the_floor():

@@ -6,7 +6,7 @@ by their FLOPs (a forward pass is a third of a training step per token; attentio
 one number measured on the device, the seconds a training step takes after the first few, prices the whole
 sweep. As cells finish, the rate they actually took replaces it. The estimate is measured against the time the
 config expects (its ``expected_sweep_s``, measured when it was sized): far beyond that, a note says what brings
-the sweep under it. The arithmetic is pure (tested in ``tests/bench/test_eta.py``); :class:`Clock` only feeds it
+the sweep under it. The arithmetic is pure (tested in ``tests/bench/train/test_eta.py``); :class:`Clock` only feeds it
 the clock and prints its lines.
 """
 

@@ -1,4 +1,4 @@
-"""How a process runs the work (bench/runtime.py): the device and the autocast precision from the config's names,
+"""How a process runs the work (bench/run/runtime.py): the device and the autocast precision from the config's names,
 a precision it cannot train in refused by name, and which process is the main one."""
 
 import types
@@ -6,7 +6,7 @@ import types
 import pytest
 import torch
 
-from posenc_bench.bench.runtime import Runtime
+from posenc_bench.bench.run.runtime import Runtime
 from posenc_bench.errors import ConfigError
 from posenc_bench.progress import say
 

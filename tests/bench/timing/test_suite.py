@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from posenc_bench import encodings
-from posenc_bench.bench.timing import (TimingConfig, clock_note, fused_first, markdown, rope_fixes, row_label,
+from posenc_bench.bench.timing.suite import (TimingConfig, clock_note, fused_first, markdown, rope_fixes, row_label,
                                        run_timing, seconds, versus_llama, write_outputs)
 from posenc_bench.commands.cli import main
 from posenc_bench.env import cpu_name

@@ -33,9 +33,9 @@ import torch
 import torch.nn.functional as F
 
 from posenc_bench import encodings
-from posenc_bench.bench import eval_memory
-from posenc_bench.bench.measure import CLOCK_STEPS, alternate_rounds, clock_resolution, measure, median, speed_words
-from posenc_bench.bench.references import floor_fns, hf_rotary, llama_like, textbook_sinusoidal
+from posenc_bench.bench.eval import memory as eval_memory
+from posenc_bench.bench.timing.measure import CLOCK_STEPS, alternate_rounds, clock_resolution, measure, median, speed_words
+from posenc_bench.bench.timing.references import floor_fns, hf_rotary, llama_like, textbook_sinusoidal
 from posenc_bench.bench.rows import Row
 from posenc_bench.encodings.sinks import PAPER_SINKS
 from posenc_bench.env import cpu_name, git_commit, precision_dtype, resolve_device

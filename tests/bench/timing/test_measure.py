@@ -6,7 +6,7 @@ import itertools
 import pytest
 import torch
 
-from posenc_bench.bench.measure import (alternate_rounds, clock_bound, clock_resolution, measure, median,
+from posenc_bench.bench.timing.measure import (alternate_rounds, clock_bound, clock_resolution, measure, median,
                                         speed_words)
 from posenc_bench.errors import ConfigError
 

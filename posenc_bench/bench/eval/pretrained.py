@@ -26,13 +26,13 @@ import torch
 
 from posenc_bench.bench import checkpoint
 from posenc_bench.bench.config import DEFAULT_EVAL_LENS, RunConfig, parse_eval_lens, validate
-from posenc_bench.bench.evaluate import (EvalSet, Scoring, documents_per_window, evaluate_length, evaluate_model,
+from posenc_bench.bench.eval.evaluate import (EvalSet, Scoring, documents_per_window, evaluate_length, evaluate_model,
                                          segment_length)
 from posenc_bench.bench.keys import eval_key, hf_eval_key
 from posenc_bench.bench.records import (ResultsFolder, ResultsStore, finished, measured, model_record, new_record,
                                         not_measured, run_meta, score, summary_line)
 from posenc_bench.bench.rows import Row, variant_name
-from posenc_bench.bench.runtime import Runtime
+from posenc_bench.bench.run.runtime import Runtime
 from posenc_bench.data import Corpus, document_segments, eval_segments, load_corpus
 from posenc_bench.env import device_description, peak_memory, resolve_device, version_of
 from posenc_bench.errors import ConfigError, DataError, PosencError

@@ -57,7 +57,7 @@ def eval_peak_memory(name: str, device: torch.device, train_len: int, length: in
         return None
     # the folder that holds this posenc_bench package (not the package itself: its encodings/ would shadow
     # the standard library's and the interpreter would not start)
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(Path(__file__).resolve().parents[3])
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536",
            "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH", "")]))}
     proc = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, name, str(train_len), str(length), str(batch),

@@ -21,8 +21,8 @@ import torch.multiprocessing as mp
 from posenc_bench.bench.config import TrainConfig, load_config
 from posenc_bench.data import TrainBatches
 from posenc_bench.model.transformer import DecoderLM, ModelConfig
-from posenc_bench.bench.train import Resume, train
-from posenc_bench.bench.runtime import Runtime
+from posenc_bench.bench.train.loop import Resume, train
+from posenc_bench.bench.run.runtime import Runtime
 
 LOSS_TOL, WEIGHT_TOL = 1e-5, 1e-5
 STEPS = 20
@@ -80,7 +80,7 @@ def _env(rank: int, world: int, port: int) -> None:
 
 def _worker(rank: int, port: int, tmp: str) -> None:
     """One process of a 2-process gloo job: three training runs, then a sweep (one start-up for all tests)."""
-    from posenc_bench.bench import dist as distributed
+    from posenc_bench.bench.run import dist as distributed
     from posenc_bench.bench.sweep import Sweep, train_worker
 
     _env(rank, 2, port)
@@ -131,7 +131,7 @@ def ddp(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ddp")
     (tmp / "train").mkdir()
     (tmp / "corpus").mkdir()
-    for f in sorted(Path(__file__).resolve().parents[2].joinpath("posenc_bench").rglob("*.py")):
+    for f in sorted(Path(__file__).resolve().parents[3].joinpath("posenc_bench").rglob("*.py")):
         (tmp / "corpus" / f.name).write_bytes(f.read_bytes())
     _interrupted_state(tmp / "train_state.pt")
     assert torch.load(tmp / "train_state.pt", weights_only=True)["step"] == 10
@@ -218,11 +218,11 @@ def test_torchrun_starts_the_cli(tmp_path):
     args = ["--config", "configs/ci.yaml", "--seeds", "1", "--encodings", "alibi", "--train-len", "16", "--steps", "4",
             "--batch-size", "8", "--d-model", "32", "--n-layers", "1", "--eval-tokens", "256", "--eval-lens", "1x",
             "--device", "cpu", "--threads", "1", "--progress", "off", "--out", str(out)]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3]), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
          "-m", "posenc_bench", "run", *args],
-        capture_output=True, text=True, timeout=300, env=env, cwd=Path(__file__).resolve().parents[2],
+        capture_output=True, text=True, timeout=300, env=env, cwd=Path(__file__).resolve().parents[3],
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("posenc-bench run:") == 1  # rank 1 prints nothing

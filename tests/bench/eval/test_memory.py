@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from posenc_bench.bench import eval_memory
-from posenc_bench.bench.eval_memory import eval_peak_memory, memory_rows
+from posenc_bench.bench.eval import memory as eval_memory
+from posenc_bench.bench.eval.memory import eval_peak_memory, memory_rows
 
 
 def test_eval_peak_memory_is_measured_per_encoding():

@@ -7,7 +7,7 @@ import pytest
 
 from posenc_bench.commands.cli import main
 from posenc_bench.bench.config import load_config
-from posenc_bench.bench.shard import parse_shard, shard_cells, training_unit
+from posenc_bench.bench.run.shard import parse_shard, shard_cells, training_unit
 
 TINY = ["--config", "configs/ci.yaml", "--train-len", "16", "--steps", "4", "--batch-size", "8", "--d-model", "32",
         "--n-layers", "1", "--eval-tokens", "256", "--eval-lens", "1x,2x", "--progress", "off",
@@ -40,7 +40,7 @@ def first_difference(a, b, where=""):
 def small_corpus(folder):
     """This package's own source files as a corpus: loads in milliseconds, unlike the stdlib."""
     folder.mkdir()
-    for f in sorted(Path(__file__).resolve().parents[2].joinpath("posenc_bench").rglob("*.py")):
+    for f in sorted(Path(__file__).resolve().parents[3].joinpath("posenc_bench").rglob("*.py")):
         (folder / f.name).write_bytes(f.read_bytes())
     return ["--data", str(folder), "--set", "data.test_fraction=0.3", "--set", "data.valid_fraction=0"]
 

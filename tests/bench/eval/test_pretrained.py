@@ -1,4 +1,4 @@
-"""`posenc-bench eval` (bench/pretrained.py): pretrained Hugging Face models and our own checkpoints through the
+"""`posenc-bench eval` (bench/eval/pretrained.py): pretrained Hugging Face models and our own checkpoints through the
 same protocol: the results schema, reruns and refusals, rows a model cannot give (n/a), zero-shot fixes that
 reuse the model's numbers, long documents, and bad input as one line."""
 
@@ -159,7 +159,7 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, llama_dir, tmp_path, ca
 
 def test_a_pretrained_row_is_on_disk_before_its_summary_line_is_printed(llama_dir, tmp_path, monkeypatch):
     """As for `run`: a long eval stopped right after a row's line is logged keeps that row."""
-    from posenc_bench.bench import pretrained
+    from posenc_bench.bench.eval import pretrained
 
     out, seen = tmp_path / "out", []
 
@@ -215,7 +215,7 @@ def test_long_docs_without_a_long_enough_document_is_one_line_and_exit_2(model, 
 
 
 def test_every_fix_row_is_accepted_for_hugging_face_models_but_a_bare_sink():
-    from posenc_bench.bench.pretrained import parse_scalings, require_hf
+    from posenc_bench.bench.eval.pretrained import parse_scalings, require_hf
 
     rows = parse_scalings("all,ntk,rerope,leaky,selfextend,sink4+sw60")
     require_hf(rows)
@@ -225,7 +225,7 @@ def test_every_fix_row_is_accepted_for_hugging_face_models_but_a_bare_sink():
 
 def test_rope_scaling_names_are_the_suffixes_of_the_rope_rows():
     """The names ``--rope-scaling`` takes are the rope model's zero-shot rows by suffix (``Row.suffix``)."""
-    from posenc_bench.bench.pretrained import checkpoint_scalings, parse_scalings
+    from posenc_bench.bench.eval.pretrained import checkpoint_scalings, parse_scalings
     from posenc_bench.errors import ConfigError
 
     assert checkpoint_scalings() == ["linear", "ntk", "dynamic", "yarn", "llama3", "rerope", "leaky", "selfextend"]

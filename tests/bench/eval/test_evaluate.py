@@ -1,4 +1,4 @@
-"""The evaluation protocol (bench/evaluate.py): the same targets at every length and stride, token-weighted ppl
+"""The evaluation protocol (bench/eval/evaluate.py): the same targets at every length and stride, token-weighted ppl
 against hand computations and transformers, loss by position, resampling units, documents per window, the
 run-wide index of each window, windows bounded by documents and the documents a run scores."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from posenc_bench.bench.config import RunConfig
-from posenc_bench.bench.evaluate import (EvalSet, Scoring, documents_per_window, evaluate_length, logits_nll, score_windows,
+from posenc_bench.bench.eval.evaluate import (EvalSet, Scoring, documents_per_window, evaluate_length, logits_nll, score_windows,
                                          segment_length, stream_documents, windows)
 from posenc_bench.data import BOS, Corpus
 

@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from posenc_bench.bench import passkey
+from posenc_bench.bench.eval import passkey
 from posenc_bench.commands.cli import main
 from posenc_bench.errors import PositionOutOfRange
 
@@ -108,7 +108,7 @@ def test_passkey_cli_on_a_trained_checkpoint(tmp_path, capsys):
 
 
 def test_passkey_on_a_hugging_face_model_with_its_tokenizer_and_a_scaling(llama_dir, tmp_path):
-    from posenc_bench.bench import passkey
+    from posenc_bench.bench.eval import passkey
 
     lm = passkey.load_lm(f"hf:{llama_dir}", rope_scaling="yarn")
     assert lm.train_len == 32
@@ -159,7 +159,7 @@ FT_MICRO = ["--config", "configs/ci.yaml", "--seeds", "1", "--train-len", "16", 
 
 
 def test_passkey_runs_a_fine_tuned_checkpoint_at_its_tuned_scaling(tmp_path):
-    from posenc_bench.bench.passkey import CheckpointLM
+    from posenc_bench.bench.eval.passkey import CheckpointLM
     from posenc_bench.errors import ConfigError
 
     out = tmp_path / "out"

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from posenc_bench.bench import eta
+from posenc_bench.bench.train import eta
 from posenc_bench.bench.config import load_config
 from posenc_bench.bench.rows import Row
 

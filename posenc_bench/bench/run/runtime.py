@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import torch
 
-from posenc_bench.bench.dist import Dist
+from posenc_bench.bench.run.dist import Dist
 from posenc_bench.env import precision_dtype, resolve_device
 from posenc_bench.progress import say
 from posenc_bench.values import TRAIN_PRECISIONS

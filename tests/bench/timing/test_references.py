@@ -2,7 +2,7 @@
 
 import torch
 
-from posenc_bench.bench.references import floor_fns, hf_rotary, llama_like, textbook_sinusoidal
+from posenc_bench.bench.timing.references import floor_fns, hf_rotary, llama_like, textbook_sinusoidal
 
 
 def test_floor_writes_and_evaluates_what_it_says():
