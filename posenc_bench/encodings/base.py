@@ -4,6 +4,35 @@ attention path, and the family names that group the rows in tables and figures.
 The model only ever calls these hooks (``positions``, ``embed``, ``rotate``, ``bias`` and the optional ones its
 capability flags announce) plus ``set_eval_length``; it never looks at an encoding's name. The attention plan
 (``model/plan.py``) reads the flags, never the class.
+
+The hooks, all defaulting to "do nothing":
+
+- ``positions(batch, length, device)``: the positions of a window: (T,) 0 .. T-1 by default; an encoding
+  may return (B, T) positions per sequence (``+rand`` does in training), then every hook gets those.
+- ``embed(x, pos)``: x (B, T, C) token embeddings, pos (T,) or (B, T) positions -> (B, T, C).
+- ``rotate(q, k, pos)``: q, k (B, H, T, D) -> rotated q, k.
+- ``bias(q_pos, k_pos)``: additive attention logits (1 or B, H, Tq, Tk), or None.
+- optionally ``bias_factors(q_pos, k_pos)``: the same bias as a low-rank product (see there).
+- optionally ``attention_logits(q, k, q_pos, k_pos, mask, scale)`` (``has_attention_logits``): the whole
+  pre-softmax logits of one query chunk, for an encoding whose logits are not q . k plus a bias that reads
+  positions only (CoPE reads q . k itself; ReRoPE and Self-Extend combine two rotations by distance).
+- optionally ``attention_parts(q, k, q_pos, k_pos)`` (``has_attention_parts``): those logits as a few
+  plain attentions over disjoint sets of pairs, which the model merges by log-sum-exp (faster, and no
+  (q, k) logits in memory).
+- optionally ``attention_block(length)``: blockwise causal attention (each query sees its own block of
+  that many tokens and the previous one), or None.
+- ``attention_sinks`` (a class attribute, not a hook): (S, W) when the first S tokens stay visible beside a
+  sliding window of W keys, with positions re-indexed within that cache (StreamingLLM); the model applies
+  it through the hooks above (rows ``<encoding>+sink<S>+sw<W>``: ``encodings/sinks.py``; ``model/sinks.py``).
+
+Positions count from 0 at the first token of every window. Hooks that take (B, T) positions declare
+``batched_positions``; with the plain (T,) arange every encoding keeps its fast path.
+
+The logits hook is the one extension point for attention that is not "q . k + bias(positions)": the model
+runs it per query chunk (keys [ks, qe) of the chunk, ``mask`` the chunk's additive (1 or B, H or 1, q, k)
+mask: -inf outside the causal/window/block set, plus ``bias`` where the encoding has one) and applies
+softmax to what it returns, so memory stays bounded by the chunk size at any length. Encodings without it
+stay on SDPA's kernels (the other paths of ``model/attention.py``).
 """
 
 from __future__ import annotations
@@ -34,35 +63,8 @@ INIT_STD = 0.02
 
 
 class Encoding(nn.Module):
-    """A positional encoding: hooks the model calls, all defaulting to "do nothing".
-
-    - ``positions(batch, length, device)``: the positions of a window: (T,) 0 .. T-1 by default; an encoding
-      may return (B, T) positions per sequence (``+rand`` does in training), then every hook gets those.
-    - ``embed(x, pos)``: x (B, T, C) token embeddings, pos (T,) or (B, T) positions -> (B, T, C).
-    - ``rotate(q, k, pos)``: q, k (B, H, T, D) -> rotated q, k.
-    - ``bias(q_pos, k_pos)``: additive attention logits (1 or B, H, Tq, Tk), or None.
-    - optionally ``bias_factors(q_pos, k_pos)``: the same bias as a low-rank product (see there).
-    - optionally ``attention_logits(q, k, q_pos, k_pos, mask, scale)`` (``has_attention_logits``): the whole
-      pre-softmax logits of one query chunk, for an encoding whose logits are not q . k plus a bias that reads
-      positions only (CoPE reads q . k itself; ReRoPE and Self-Extend combine two rotations by distance).
-    - optionally ``attention_parts(q, k, q_pos, k_pos)`` (``has_attention_parts``): those logits as a few
-      plain attentions over disjoint sets of pairs, which the model merges by log-sum-exp (faster, and no
-      (q, k) logits in memory).
-    - optionally ``attention_block(length)``: blockwise causal attention (each query sees its own block of
-      that many tokens and the previous one), or None.
-    - ``attention_sinks`` (a class attribute, not a hook): (S, W) when the first S tokens stay visible beside a
-      sliding window of W keys, with positions re-indexed within that cache (StreamingLLM); the model applies
-      it through the hooks above (rows ``<encoding>+sink<S>+sw<W>``: ``encodings/sinks.py``; ``model/sinks.py``).
-
-    Positions count from 0 at the first token of every window. Hooks that take (B, T) positions declare
-    ``batched_positions``; with the plain (T,) arange every encoding keeps its fast path.
-
-    The logits hook is the one extension point for attention that is not "q . k + bias(positions)": the model
-    runs it per query chunk (keys [ks, qe) of the chunk, ``mask`` the chunk's additive (1 or B, H or 1, q, k)
-    mask: -inf outside the causal/window/block set, plus ``bias`` where the encoding has one) and applies
-    softmax to what it returns, so memory stays bounded by the chunk size at any length. Encodings without it
-    stay on SDPA's kernels (the other paths of ``model/attention.py``).
-    """
+    """A positional encoding: the hooks the model calls (the module docstring lists them), all defaulting to
+    "do nothing", and the capability flags that announce the optional ones."""
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
