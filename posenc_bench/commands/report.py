@@ -18,8 +18,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                     help="md (or markdown) | csv | latex | html | json; default: from the --out suffix "
                          "(.md .csv .tex .html .json), else md")
     rp.add_argument("--value", default="ppl,ratio,training,cost",  # analysis.report.DEFAULT_VALUES
-                    help="tables, in order: ppl, bpb, ratio (ppl / ppl at 1x), training, cost (eval time and peak "
-                         "memory, where measured) (default: ppl,ratio,training,cost)")
+                    help="tables, in order: a metric (ppl, bpb, ratio: ppl / ppl at 1x, accuracy, token_accuracy, "
+                         "or a plugin's: posenc_bench/metrics) or a context table: training, cost (eval time and "
+                         "peak memory, where measured), depths (the needle task) (default: ppl,ratio,training,cost; "
+                         "a task run's: accuracy,token_accuracy,training,depths)")
     rp.add_argument("--digits", type=int, default=2, help="decimals in table cells (default 2)")
     rp.add_argument("--no-best", action="store_true", help="do not bold the best value in each column")
     rp.add_argument("--ci", type=float, default=0.95, metavar="LEVEL",

@@ -143,7 +143,11 @@ def _load() -> None:
     for module in (*MODULES, *others):  # a new file here is found: nothing else to edit
         importlib.import_module(f"posenc_bench.metrics.{module}")  # each registers its metrics
     for entry in metadata.entry_points(group=ENTRY_POINTS):
-        importlib.import_module(entry.value.split(":")[0])
+        try:
+            importlib.import_module(entry.value.split(":")[0])
+        except Exception as e:  # a broken plugin: one line naming it, not a traceback
+            raise MetricError(f"metric plugin {entry.value!r} (entry point {entry.name!r} of group {ENTRY_POINTS}) "
+                              f"could not be imported: {type(e).__name__}: {e}") from None
 
 
 def names(kind: Optional[str] = None) -> list[str]:

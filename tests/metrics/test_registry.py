@@ -104,3 +104,13 @@ def test_a_fresh_process_finds_every_kind_before_anything_asks_for_a_metric():
             "assert metrics.kinds(in_results=True) == ['ppl', 'accuracy'], metrics.kinds()\n"
             "assert metrics.kinds() == ['ppl', 'accuracy', 'passkey']\n")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).returncode == 0
+
+
+def test_a_broken_plugin_is_one_line_naming_it(plugin, capsys):
+    from posenc_bench.commands.cli import main
+
+    folder = write(plugin / "run", unit_results())
+    (plugin / "toy_metric_plugin.py").write_text("raise ImportError('no such thing')\n")
+    assert main(["report", str(folder), "--value", "nll"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "metric plugin 'toy_metric_plugin'" in err and "no such thing" in err
