@@ -54,6 +54,21 @@ def git_commit(root: Optional[Path] = None) -> str:
         return "unknown"
 
 
+def git_tracked(path: Path) -> bool:
+    """Whether git tracks any file under ``path`` (a committed results folder); False outside a git checkout or
+    where git cannot say."""
+    path = Path(path)
+    if not path.exists():
+        return False
+    where = path if path.is_dir() else path.parent
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--", str(path.resolve())], cwd=where, capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0 and bool(out.stdout.strip("\0"))
+
+
 def versions() -> dict:
     out = {"python": platform.python_version(), "posenc_bench": __version__, "torch": torch.__version__}
     for pkg in ("transformers", "numpy"):

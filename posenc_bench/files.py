@@ -1,4 +1,5 @@
-"""Files that are never half-written: atomic writes (a temporary file, fsync, rename) and content hashes."""
+"""Files that are never half-written: atomic writes (a temporary file, fsync, rename) and content hashes; and
+where a user's outputs go when no --out names a folder (``RUNS``, never a committed results folder)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,19 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
+
+
+# A user's runs, evals, timings and figures go under this folder unless --out names another: git ignores it, so
+# a run from a clone never writes into (or deletes) the committed results/ folders a config names.
+RUNS = "runs"
+
+
+def user_folder(config_out: str | Path) -> str:
+    """Where a run writes when no --out names a folder: the config's results folder moved under RUNS
+    (results/default -> runs/default, results/tasks/copy -> runs/tasks/copy; any other path under RUNS as is)."""
+    parts = Path(config_out).parts
+    parts = parts[1:] if parts[:1] == ("results",) else tuple(p for p in parts if p not in ("/", ".."))
+    return str(Path(RUNS, *parts))
 
 
 def atomic_write(path: Path | str, write: Callable[[str], None]) -> None:

@@ -295,6 +295,21 @@ def differences(a_run: dict, b_run: dict, a_records: Iterable[dict] = (), b_reco
     return diffs
 
 
+class CommittedResultsError(ResultsError):
+    """A flag would delete a results folder that git tracks (committed results)."""
+
+
+def check_deletable(out: Path | str, flag: str, confirmed: bool = False) -> None:
+    """Refuse ``flag`` (``--fresh``) on a committed results folder (git tracks files in it) unless the user
+    ``confirmed`` it with the second flag made for that (``--delete-committed``). The message names another
+    folder, never the destructive flag: committed results are deleted only by a user who read the docs."""
+    from posenc_bench.env import git_tracked
+
+    if not confirmed and git_tracked(Path(out)):
+        raise CommittedResultsError(f"{flag} would delete {out}, a committed results folder (git tracks its "
+                                    "files): write this run to another folder with --out")
+
+
 class IncomparableError(ResultsError):
     """Results measured another way than the ones they would join (the first differing field named)."""
 
@@ -371,8 +386,8 @@ class ResultsFolder:
             field, was, now = diffs[0]
             what = ("was evaluated at other lengths or on other tokens" if field in ("eval lengths", "eval fingerprint")
                     else f"holds results made with a different {field.split('.')[0]!r} config")
-            raise IncomparableError(f"{self.path} {what} ({field}: {was!r} there, {now!r} now); use another --out, "
-                                    "or --fresh to start over")
+            raise IncomparableError(f"{self.path} {what} ({field}: {was!r} there, {now!r} now); write this run to "
+                                    "another folder with --out (the results there stay as they are)")
         if merge_runs:
             merge_run_lists(old["run"], run)
         run["started"] = old["run"].get("started", run.get("started"))  # when the folder's first run began

@@ -26,7 +26,8 @@ from posenc_bench.bench.train import eta
 from posenc_bench.bench.config import RunConfig, TrainConfig
 from posenc_bench.bench.run.dist import Dist
 from posenc_bench.bench.keys import Keys, model_key
-from posenc_bench.bench.records import ResultsFolder, ResultsStore, finished, model_record, run_meta, score, summary_line
+from posenc_bench.bench.records import (ResultsFolder, ResultsStore, check_deletable, finished, model_record, run_meta,
+                                        score, summary_line)
 from posenc_bench.bench.rows import Row
 from posenc_bench.bench.run.runtime import Runtime
 from posenc_bench.bench.run.shard import shard_cells, shard_file, shard_meta, training_unit
@@ -204,9 +205,12 @@ class Sweep:
         return done if finished(done, self.work.lengths, self.keys.cell(row, seed)) else []
 
     @contextlib.contextmanager
-    def open(self, fresh: bool = False) -> Iterator["Sweep"]:
+    def open(self, fresh: bool = False, delete_committed: bool = False) -> Iterator["Sweep"]:
         """The results folder, created and locked, its earlier records checked and loaded (``fresh``: what an
-        earlier run left deleted first; for a shard, its own file and checkpoints); says what will run."""
+        earlier run left deleted first; for a shard, its own file and checkpoints; never a committed folder's
+        unless ``delete_committed`` confirms it); says what will run."""
+        if fresh:
+            check_deletable(self.out, "--fresh", delete_committed)
         with self.folder:
             if fresh:
                 remove_outputs(self.out, self.cfg, self.shard)

@@ -29,13 +29,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
     e.add_argument("--segment-len", type=int,
                    help="tokens per eval segment (default: the lengths' least common multiple if at most 4x the "
                         "longest, else the longest; a length that does not divide it ends in a partial window)")
-    e.add_argument("--out", help="output folder (default results/eval-<model>)")
+    e.add_argument("--out", help="output folder (default runs/eval-<model>)")
     add_device(e)
     add_precision(e, PRECISIONS, what=" (a Hugging Face model's weights; default fp32; a checkpoint: its own)")
     e.add_argument("--doc-sep", default="auto",
                    help="token before each document: auto (BOS if the tokenizer adds it, else EOS) | none | a token")
     e.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code from its repository")
-    e.add_argument("--fresh", action="store_true", help="delete the output folder's results first")
+    e.add_argument("--fresh", action="store_true", help="delete the output folder's results first (a committed "
+                   "results folder, one git tracks, also needs --delete-committed)")
+    e.add_argument("--delete-committed", action="store_true", help=argparse.SUPPRESS)  # the second flag: docs only
     add_progress(e)
     return e
 
@@ -51,7 +53,7 @@ def cmd(args: argparse.Namespace) -> int:
         eval_tokens=args.eval_tokens, out=args.out, device=args.device,
         precision=check_precision(args.precision, PRECISIONS),
         trust_remote_code=args.trust_remote_code, doc_sep=args.doc_sep, split=args.split, long_docs=args.long_docs,
-        unit=args.unit, segment_len=args.segment_len, fresh=args.fresh,
+        unit=args.unit, segment_len=args.segment_len, fresh=args.fresh, delete_committed=args.delete_committed,
         show_progress=progress_choice(args),
     )
     out, data = run_eval(opts)  # results.json

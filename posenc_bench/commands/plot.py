@@ -10,7 +10,7 @@ from posenc_bench.commands.cli import split_commas
 def add_parser(sub) -> argparse.ArgumentParser:
     pl = sub.add_parser("plot", help="figures from results folders: ppl vs length, loss by position, encodings")
     pl.add_argument("results", nargs="+", help="results folder(s) or results.json file(s)")
-    pl.add_argument("--out", default="figures", help="output folder (default: figures)")
+    pl.add_argument("--out", default="runs/figures", help="output folder (default: runs/figures, which git ignores)")
     pl.add_argument("--formats", default="png,svg", help="comma list of png, svg (default: png,svg)")
     pl.add_argument("--rows", help="rows to draw, as run --encodings: rope,alibi | -learned (remove) | all (default)")
     pl.add_argument("--robustness", action="store_true",

@@ -35,9 +35,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
     r.add_argument("--stride", type=int, help="targets scored per window in the strided protocol, e.g. 256")
     r.add_argument("--finetune-steps", type=int, help="steps of the -ft rows' fine-tuning (default: 10%% of --steps)")
     r.add_argument("--finetune-len", help="length the -ft rows are fine-tuned at, e.g. 4x (default: the longest eval length)")
-    r.add_argument("--out", help="output folder (results.json, results.csv, table.md, checkpoints/)")
+    r.add_argument("--out", help="output folder (results.json, results.csv, table.md, checkpoints/); default: "
+                   "runs/<the config's folder>, e.g. runs/default (git ignores runs/; the committed results/ folders "
+                   "are written only when --out names one)")
     r.add_argument("--set", action="append", metavar="KEY=VALUE", help="any config key, e.g. train.warmup_steps=50")
-    r.add_argument("--fresh", action="store_true", help="delete the output folder first instead of resuming")
+    r.add_argument("--fresh", action="store_true", help="delete what earlier runs wrote in the output folder first "
+                   "instead of resuming (a committed results folder, one git tracks, also needs --delete-committed)")
+    r.add_argument("--delete-committed", action="store_true", help=argparse.SUPPRESS)  # the second flag: docs only
     add_progress(r)
     r.add_argument("--shard", metavar="I/N", help="run shard I of N of the (encoding, seed) cells (1-based); "
                    "writes results.shard-I-of-N.json; join with merge")
@@ -98,11 +102,16 @@ DEFAULT_CONFIG = "default"  # `posenc-bench run` is `posenc-bench run --config d
 
 def run_config(args: argparse.Namespace):
     """The RunConfig of ``run``'s flags: the --config file or built-in config (``default`` without one), then
-    the flags that were given."""
-    from posenc_bench.bench.config import build_config, file_encodings, read_config
+    the flags that were given. Without --out (or --set out=...) the run writes under runs/ (``files.user_folder``):
+    a config's ``out`` names where its committed results live, which only an explicit --out writes."""
+    from posenc_bench.bench.config import RunConfig, build_config, file_encodings, read_config
+    from posenc_bench.files import user_folder
 
     data = read_config(args.config or DEFAULT_CONFIG)  # read once, validated once with the flags
-    return build_config(data, overrides(args, file_encodings(data)))
+    o = overrides(args, file_encodings(data))
+    if "out" not in o:
+        o["out"] = user_folder(data.get("out") or RunConfig.out)
+    return build_config(data, o)
 
 
 def cmd(args: argparse.Namespace) -> int:
@@ -127,7 +136,7 @@ def cmd(args: argparse.Namespace) -> int:
         sweep = None
         try:
             sweep = Sweep(cfg, rt, shard)  # every input checked, nothing written
-            with sweep.open(fresh=args.fresh):  # the folder created, locked and its records checked; then the summary
+            with sweep.open(fresh=args.fresh, delete_committed=args.delete_committed):  # the folder created, locked and its records checked; then the summary
                 if args.verbose:
                     print("effective config:\n" + yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
                 data = sweep.run()

@@ -21,7 +21,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     t.add_argument("--min-run-time", type=float, default=0.2, help="seconds per measurement (default 0.2)")
     t.add_argument("--generation-only", action="store_true", help="only the generation part (seconds)")
     t.add_argument("--no-train", action="store_true", help="skip the model forward+backward and the Llama comparison")
-    t.add_argument("--out", default="results/timing", help="output folder (timing.json, timing.csv, timing.md)")
+    t.add_argument("--out", default="runs/timing", help="output folder (timing.json, timing.csv, timing.md; default "
+                   "runs/timing: the committed results/timing is written only when --out names it)")
     return t
 
 

@@ -125,7 +125,7 @@ def test_the_folder_takes_one_writer_and_refuses_results_measured_another_way(tm
     assert not (tmp_path / "out" / ".results.json.owner").exists()
     with ResultsFolder(tmp_path / "out") as folder:
         other = {**run, "config": {**run["config"], "precision": "bf16"}}
-        with pytest.raises(IncomparableError, match="different 'precision' config .*use another --out, or --fresh"):
+        with pytest.raises(IncomparableError, match="different 'precision' config .*write this run to another folder with --out"):
             folder.open_store(other)
         assert folder.open_store(dict(run)).records == [{"encoding": "rope", "seed": 0, "eval_len": 64}]
 

@@ -340,9 +340,44 @@ def test_run_without_a_config_is_the_default_config():
     from tests.commands.cli_helpers import parsed
 
     cfg = run_config(parsed("run"))
-    assert cfg.to_dict() == load_config("default").to_dict() and cfg.out == "results/default"
+    default = load_config("default")
+    assert {**cfg.to_dict(), "out": default.out} == default.to_dict()
+    assert default.out == "results/default" and cfg.out == "runs/default"  # the committed folder is never the default
     assert run_config(parsed("run", "--config", "default")).to_dict() == cfg.to_dict()
     assert run_config(parsed("run", "--steps", "3")).train.steps == 3
+
+
+@pytest.mark.parametrize("args, out", [
+    ([], "runs/default"), (["--config", "tasks-copy"], "runs/tasks/copy"), (["--config", "ci"], "runs/ci"),
+    (["--out", "results/default"], "results/default"),  # named explicitly: written there
+    (["--set", "out=results/sotu-512"], "results/sotu-512"), (["--out", "mine"], "mine"),
+])
+def test_a_run_writes_under_runs_unless_out_names_a_folder(args, out):
+    from posenc_bench.commands.run import run_config
+    from tests.commands.cli_helpers import parsed
+
+    assert run_config(parsed("run", *args)).out == out
+
+
+def test_fresh_never_deletes_a_committed_folder_without_the_second_flag(tmp_path, capsys):
+    """A folder git tracks is committed results: --fresh alone is refused in one line that names another folder
+    and no destructive flag; --fresh --delete-committed (the docs' second, explicit flag) deletes it."""
+    import subprocess
+
+    folder = tmp_path / "results" / "r"
+    assert main(["run", *MICRO, "--encodings", "rope", "--out", str(folder)]) == 0
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "add", "results/r/results.json"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "commit", "-qm", "results"], cwd=tmp_path, check=True)
+    before = (folder / "results.json").read_bytes()
+    capsys.readouterr()
+    assert main(["run", *MICRO, "--encodings", "rope", "--out", str(folder), "--fresh"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a committed results folder" in err and "--out" in err
+    assert "--delete-committed" not in err and "--fresh" in err
+    assert (folder / "results.json").read_bytes() == before
+    assert main(["run", *MICRO, "--encodings", "rope", "--out", str(folder), "--fresh", "--delete-committed"]) == 0
 
 
 def test_sigterm_stops_a_run_like_ctrl_c_and_releases_its_folder(tmp_path):

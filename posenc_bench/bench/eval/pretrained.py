@@ -29,14 +29,14 @@ from posenc_bench.bench.config import DEFAULT_EVAL_LENS, RunConfig, parse_eval_l
 from posenc_bench.bench.eval.evaluate import (EvalSet, Scoring, documents_per_window, evaluate_length, evaluate_model,
                                          segment_length)
 from posenc_bench.bench.keys import eval_key, hf_eval_key
-from posenc_bench.bench.records import (ResultsFolder, ResultsStore, finished, measured, model_record, new_record,
-                                        not_measured, run_meta, score, summary_line)
+from posenc_bench.bench.records import (ResultsFolder, ResultsStore, check_deletable, finished, measured, model_record,
+                                        new_record, not_measured, run_meta, score, summary_line)
 from posenc_bench.bench.rows import Row, variant_name
 from posenc_bench.bench.run.runtime import Runtime
 from posenc_bench.data import Corpus, document_segments, eval_segments, load_corpus
 from posenc_bench.env import device_description, peak_memory, resolve_device, version_of
 from posenc_bench.errors import ConfigError, DataError, PosencError
-from posenc_bench.files import file_hash
+from posenc_bench.files import RUNS, file_hash
 from posenc_bench.hf.model import HFModel, ModelSpec, resolve_model
 from posenc_bench.hf import attention as hf_attention
 from posenc_bench.hf import rope as hf_rope
@@ -67,6 +67,7 @@ class EvalOptions:
     unit: Optional[int] = None  # resampling unit in targets (None: the longest eval length)
     segment_len: Optional[int] = None  # tokens per eval segment (None: evaluate.segment_length of the lengths)
     fresh: bool = False
+    delete_committed: bool = False  # --fresh may delete a committed results folder (the second, explicit flag)
     show_progress: Optional[bool] = None
 
 
@@ -126,11 +127,13 @@ def run_eval(opts: EvalOptions, log: Callable[[str], None] = print) -> tuple[Pat
     return eval_hf(spec, opts, log)
 
 
-def _evaluate_rows(folder: ResultsFolder, run: dict, fresh: bool, evaluate_row: Callable[[ResultsStore, str], None]
-                   ) -> dict:
+def _evaluate_rows(folder: ResultsFolder, run: dict, fresh: bool, evaluate_row: Callable[[ResultsStore, str], None],
+                   delete_committed: bool = False) -> dict:
     """This eval's rows (``run["rows"]``, before the folder's earlier rows join them) into the locked,
     identity-checked folder: ``evaluate_row(store, row)`` each."""
     rows = list(run["rows"])
+    if fresh:
+        check_deletable(folder.path.parent, "--fresh", delete_committed)
     with folder:
         if fresh:
             folder.path.unlink(missing_ok=True)
@@ -212,12 +215,12 @@ def eval_hf(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], None] = pri
     key = hf_eval_key({k: model_info.get(k) for k in ("ref", "gguf_file", "dtype", "file_sha256", "files_sha256", "hub_commit")},
                       train_len=train_len, lengths=lengths, corpus=corpus.fingerprint,
                       eval_fingerprint=run["eval_fingerprint"], doc_sep=text.separator, buckets=HF_BUCKETS, unit=unit)
-    out = Path(opts.out or f"results/eval-{_slug(spec.name)}")
+    out = Path(opts.out or f"{RUNS}/eval-{_slug(spec.name)}")
     log(f"posenc-bench eval: {row} ({model_info['class']}, {model_info['params']:,} parameters, {model_info['dtype']}), "
         f"train length {train_len} from {len_source}; lengths {lengths}; {run['eval_tokens']:,} target tokens "
         f"({run['eval_bytes']:,} bytes, {text.documents} documents) each; device {run['device']}; out {out}")
     rows = _HFRows(hf, run, text, key, opts.show_progress, log)
-    data = _evaluate_rows(ResultsFolder(out), run, opts.fresh, rows.evaluate)
+    data = _evaluate_rows(ResultsFolder(out), run, opts.fresh, rows.evaluate, opts.delete_committed)
     return out, data
 
 
@@ -368,7 +371,7 @@ def eval_checkpoint(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], Non
         params=sum(p.numel() for p in checkpoint.build_model(cfg, ckpt.row, seed).parameters()),
         device=device_description(rt.device), **evalset.meta())  # the documents scored, and the targets of each
     split = "" if cfg.eval.split == "test" else f"-{cfg.eval.split}"
-    out = Path(opts.out or f"results/eval-{_slug(path.parent.parent.name + '-' + path.name)}{split}")
+    out = Path(opts.out or f"{RUNS}/eval-{_slug(path.parent.parent.name + '-' + path.name)}{split}")
     log(f"posenc-bench eval: checkpoint {path} ({ckpt.row}, seed {seed}); lengths {evalset.lengths}; "
         f"{run['eval_tokens']:,} target tokens each of the {cfg.eval.split} split; device {run['device']}; out {out}")
     config = cfg.to_dict()
@@ -389,4 +392,4 @@ def eval_checkpoint(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], Non
         store.put_cell(name, seed, records)  # saved, then reported
         log(summary_line(name, records))
 
-    return out, _evaluate_rows(ResultsFolder(out), run, opts.fresh, evaluate_row)
+    return out, _evaluate_rows(ResultsFolder(out), run, opts.fresh, evaluate_row, opts.delete_committed)

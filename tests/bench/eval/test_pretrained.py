@@ -64,7 +64,8 @@ def test_rerun_skips_finished_rows_and_refuses_another_model(llama_eval, llama_d
     mid = (out / "results.json").read_text()
     other = save_llama(tmp_path / "other-llama", tokenizer, seed=1)
     assert main(["eval", "--model", f"hf:{other}", "--eval-lens", "1,1.5,4x", "--out", str(out), *EVAL]) == 2
-    assert "use another --out, or --fresh" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "write this run to another folder with --out" in err and "--fresh" not in err  # no destructive hint
     assert (out / "results.json").read_text() == mid  # refused before writing anything
 
 
