@@ -139,7 +139,6 @@ SMOLLM2_COMPARE = "hf:SmolLM2-135M-Instruct.Q4_1+yarn"  # its README's table has
 
 
 @pytest.mark.parametrize("page,folder,values", [
-    ("README.md", "default", "ppl"),
     ("README.md", "sotu-512", "ppl,ratio"),
     ("docs/results.md", "default", report.DEFAULT_VALUES),
     ("docs/results.md", "sotu-512", report.DEFAULT_VALUES),
