@@ -55,7 +55,8 @@ def install(py: str, extras: str) -> None:
     """CPU torch (once), then this package with ``extras`` (editable, so the clone's code is what runs)."""
     if not has(py, f"import torch, sys; sys.exit(torch.__version__.split('+')[0] != '{TORCH}')"):
         index = ["--extra-index-url", CPU_INDEX] if platform.system() == "Linux" else []
-        call(py, "-m", "pip", "install", "--quiet", f"torch=={TORCH}", *index)
+        # torch alone from the CPU index; its dependencies come with the package's below, from the usual index
+        call(py, "-m", "pip", "install", "--quiet", "--no-deps", f"torch=={TORCH}", *index)
     call(py, "-m", "pip", "install", "--quiet", "-e", f".[{extras}]" if extras else ".")
 
 
