@@ -13,7 +13,7 @@ from posenc_bench.bench.config.data import DataConfig, validate_data
 from posenc_bench.bench.config.eval import EvalConfig, validate_eval
 from posenc_bench.bench.config.finetune import FinetuneConfig, FinetunePlan, finetune_plan, validate_finetune
 from posenc_bench.bench.config.gate import GateConfig, validate_gate
-from posenc_bench.bench.config.model import validate_encoding_options, validate_rows, validate_vocabulary
+from posenc_bench.bench.config.model import validate_encoding_options, validate_rows, validate_sizes, validate_vocabulary
 from posenc_bench.bench.config.task import TaskConfig
 from posenc_bench.bench.config.train import TrainConfig, validate_train
 from posenc_bench.bench.rows import Row
@@ -93,13 +93,16 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"grad_accum must be >= 1 and divide train.batch_size {cfg.train.batch_size}, got {cfg.grad_accum}")
     if cfg.threads is not None and cfg.threads < 1:
         raise ConfigError(f"threads must be >= 1, got {cfg.threads}")
+    if cfg.max_mask_bytes < 1:
+        raise ConfigError(f"max_mask_bytes must be >= 1 byte, got {cfg.max_mask_bytes}")
     if cfg.expected_sweep_s is not None and not cfg.expected_sweep_s > 0:
         raise ConfigError(f"expected_sweep_s must be a positive number of seconds (or absent), got {cfg.expected_sweep_s}")
+    validate_sizes(cfg.model)
     validate_vocabulary(cfg.model, cfg.data.tokenizer)
+    validate_train(cfg.train)  # before the rows: an encoding is built with the train length
     validate_rows(cfg.model, cfg.encodings, cfg.window, cfg.train.train_len)
     if not cfg.seeds or any(not isinstance(s, int) or s < 0 for s in cfg.seeds):
         raise ConfigError(f"seeds must be non-negative integers, got {cfg.seeds!r}")
-    validate_train(cfg.train)
     validate_eval(cfg.eval)
     validate_data(cfg.data)
     cfg.eval_lengths()  # raises on a bad length
