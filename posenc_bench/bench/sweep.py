@@ -124,7 +124,8 @@ class Models:
         self.training = plan.together
         try:
             # the mid-run state: an interrupted run continues from it
-            return train(model, plan.batches, plan.train, rt, resume=Resume(ckpt / "train_state.pt", self.cfg.save_every, key),
+            resume = Resume(ckpt / "train_state.pt", self.cfg.save_every, key, self.cfg.save_every_s)
+            return train(model, plan.batches, plan.train, rt, resume=resume,
                          desc=plan.desc, grad_accum=plan.grad_accum, on_step=self.on_step if plan.together else None)
         finally:
             self.training = False
