@@ -106,8 +106,22 @@ def cpu_name(threads: Optional[int] = None) -> str:
     if pins:
         agree = {value.split(",")[0].upper() for value in pins.values()} == {used}  # MKL_CBWR=AVX2,STRICT
         isa = f"{has} pinned to " + (used if agree else ", ".join(f"{var}={value}" for var, value in pins.items()))
+    # "1 threads" stays as it is: this string is recorded (results.json's device, the table captions, the gate's
+    # device check), and committed results say "N threads" for every N; a line for a person says
+    # ``in_words(device)`` instead
     details = [isa] + ([f"{threads} threads"] if threads else [])
     return f"{model or platform.processor() or platform.machine()} ({'; '.join(details)})"
+
+
+def threads_in_words(n: int) -> str:
+    """'1 thread', '2 threads'."""
+    return f"{n} thread{'' if n == 1 else 's'}"
+
+
+def in_words(device: str) -> str:
+    """A recorded device string (``device_description``) as a progress or summary line says it: '1 thread'
+    where the record says '1 threads' (the record itself never changes: see ``cpu_name``)."""
+    return re.sub(r"\b1 threads\)", "1 thread)", device)
 
 
 # The torch dtype of every precision name (values.PRECISIONS: the one vocabulary of --precision): run and time

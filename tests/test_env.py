@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from posenc_bench.env import ISA_PINS, cpu_name, device_description, git_commit, peak_memory
+from posenc_bench.env import (ISA_PINS, cpu_name, device_description, git_commit, in_words, peak_memory,
+                              threads_in_words)
 
 
 def test_dirty_means_code_or_configs_not_results_or_docs(tmp_path):
@@ -74,6 +75,17 @@ def test_cpu_name_names_the_model(avx512_machine, monkeypatch):
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: "processor\t: 0\n")  # no model name (some ARM kernels)
     monkeypatch.setattr(platform, "processor", lambda: "")
     assert cpu_name() == f"{platform.machine()} (AVX512)"
+
+
+def test_a_line_for_a_person_says_1_thread_while_the_record_keeps_1_threads(avx512_machine):
+    """The recorded device string is compared by the gate and printed in committed captions: it keeps
+    "1 threads"; the run's summary and `time`'s first line say it in words."""
+    assert cpu_name(threads=1).endswith(" (AVX512; 1 threads)")  # recorded: unchanged
+    assert [threads_in_words(n) for n in (1, 2, 16)] == ["1 thread", "2 threads", "16 threads"]
+    assert in_words("cpu:AMD EPYC (AVX512; 1 threads)") == "cpu:AMD EPYC (AVX512; 1 thread)"
+    assert in_words("cpu:AMD EPYC (AVX512; 1 threads) x2 (gloo)") == "cpu:AMD EPYC (AVX512; 1 thread) x2 (gloo)"
+    for kept in ("cpu:AMD EPYC (AVX512; 11 threads)", "cpu:AMD EPYC (AVX512; 2 threads)", "cuda:NVIDIA H100"):
+        assert in_words(kept) == kept
 
 
 def test_peak_memory_sees_a_large_allocation():

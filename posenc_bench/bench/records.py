@@ -213,6 +213,7 @@ def summary_line(row: str, records: list[dict]) -> str:
 # as the eval lengths, the rows and seeds as cells, per-encoding options in each row's cell and eval keys).
 NOT_IDENTITY = (
     "config.out", "config.device", "config.threads", "config.max_mask_bytes", "config.save_every",
+    "config.save_every_s",  # with save_every: when a mid-run state is saved changes no number
     "config.eval.batch_tokens", "config.eval.lens", "config.encodings", "config.seeds", "config.gate",
     "config.train.log_every", "config.plugins", "config.grad_accum", "config.rope_scaling", "model.path",
     "config.expected_sweep_s",

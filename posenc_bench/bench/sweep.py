@@ -33,7 +33,7 @@ from posenc_bench.bench.run.runtime import Runtime
 from posenc_bench.bench.run.shard import shard_cells, shard_file, shard_meta, training_unit
 from posenc_bench.bench.train.loop import Resume, TrainOutcome, train
 from posenc_bench.data import TrainBatches
-from posenc_bench.env import device_description
+from posenc_bench.env import device_description, in_words
 from posenc_bench.files import atomic_write_text
 from posenc_bench.model.transformer import DecoderLM
 
@@ -125,7 +125,8 @@ class Models:
         self.training = plan.together
         try:
             # the mid-run state: an interrupted run continues from it
-            return train(model, plan.batches, plan.train, rt, resume=Resume(ckpt / "train_state.pt", self.cfg.save_every, key),
+            resume = Resume(ckpt / "train_state.pt", self.cfg.save_every, key, self.cfg.save_every_s)
+            return train(model, plan.batches, plan.train, rt, resume=resume,
                          desc=plan.desc, grad_accum=plan.grad_accum, on_step=self.on_step if plan.together else None)
         finally:
             self.training = False
@@ -237,7 +238,7 @@ class Sweep:
                  + (f", {done} done before" if done else "") + f"; train length {cfg.train.train_len}, eval lengths "
                  + ", ".join(map(str, self.work.lengths)) + f" ({self.run_meta['eval_tokens']:,} {self.work.counted})",
                  f"  {self.work.describe()}; device "
-                 f"{self.run_meta['device']}; out {self.out} (its config.yaml holds the whole config)",
+                 f"{in_words(self.run_meta['device'])}; out {self.out} (its config.yaml holds the whole config)",
                  f"  work: {eta.cost_line(cfg, cells)}"]
         if self.shard is not None and not cells:
             lines.append(f"  shard {self.shard[0]} of {self.shard[1]} has no cells: the sweep has fewer trained models "
@@ -267,7 +268,7 @@ class Sweep:
         cells = self.cells()
         todo = [c for c in cells if not self._done(*c)]
         clock = eta.Clock(self.cfg, eta.cell_costs(self.cfg, todo, self.models.finished(todo)), self.rt.device.type,
-                          self.rt.log)
+                          self.rt.log, before=len(cells) - len(todo))
         self.models.on_step = clock.step
         for row, seed in cells:
             self.run_cell(row, seed)

@@ -8,10 +8,12 @@ Nothing here imports torch or the library at parser-build time: each command imp
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import signal
 import sys
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Iterator, Optional
 
 from posenc_bench.errors import PosencError
 
@@ -106,10 +108,79 @@ def parse_set(items: Optional[list[str]], example: str) -> dict[str, Any]:
     return out
 
 
+class UsageError(PosencError):
+    """A command line argparse cannot parse (an unknown flag, a missing value, a bad choice): ``main`` prints
+    it as one line, ``<prog>: error: <argparse's message>``, and returns 2, without argparse's usage dump."""
+
+    def __init__(self, prog: str, message: str) -> None:
+        super().__init__(message)
+        self.prog = prog
+
+
+class Parser(argparse.ArgumentParser):
+    """The parser of posenc-bench and (argparse makes them of the same class) of each command: a usage error is
+    raised as :class:`UsageError` instead of printing the usage and exiting; ``--help`` prints as argparse does."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(self.prog, message)
+
+
+@contextlib.contextmanager
+def writing(path: Path | str) -> Iterator[None]:
+    """Turn an OSError while writing ``path`` (a read-only folder, a file where a folder should be, a full disk)
+    into the PosencError ``cannot write '<path>': <reason>``."""
+    try:
+        yield
+    except OSError as e:
+        raise PosencError(cannot_write(path, e)) from None
+
+
+def cannot_write(path: Path | str, e: OSError) -> str:
+    """``cannot write '<path>': <reason>``; the part of the path that failed when it is not ``path`` itself."""
+    reason = e.strerror or str(e)
+    if isinstance(e, FileExistsError) and e.filename is not None:
+        reason = f"{e.filename!r} is a file, not a folder"
+    elif e.filename is not None and str(e.filename) != str(path):
+        reason += f" ({e.filename!r})"
+    return f"cannot write {str(path)!r}: {reason}"
+
+
+def values_not_options(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``["--opt", "-value"]`` -> ``["--opt=-value"]`` where ``--opt`` is an option of the chosen command that
+    takes one value and ``-value`` is none of its options, so that ``--eval-lens -2x``, ``--rows -rope`` and
+    ``--encodings -learned`` give the option its value (argparse reads a value that begins with '-' as an
+    option and fails with its usage)."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    command = next((i for i, a in enumerate(argv) if a in sub.choices), None)
+    if command is None:
+        return argv
+    options = sub.choices[argv[command]]._option_string_actions
+    longs = [o for o in options if o.startswith("--")]
+    out, i = list(argv[:command + 1]), command + 1
+    while i < len(argv):
+        token, value = argv[i], argv[i + 1] if i + 1 < len(argv) else None
+        if token == "--":
+            return out + argv[i:]
+        if (token in options and options[token].nargs is None and value is not None and value.startswith("-")
+                and value != "--" and not _is_option(value, options, longs)):
+            out.append(f"{token}={value}")
+            i += 2
+        else:
+            out.append(token)
+            i += 1
+    return out
+
+
+def _is_option(value: str, options: dict, longs: list[str]) -> bool:
+    """Whether argparse would read ``value`` as one of ``options`` (exactly, as --opt=x, or abbreviated)."""
+    name = value.split("=", 1)[0]
+    return name in options or (name.startswith("--") and any(o.startswith(name) for o in longs))
+
+
 def build_parser() -> argparse.ArgumentParser:
     from posenc_bench import __version__
 
-    p = argparse.ArgumentParser(prog="posenc-bench", description="Benchmark length extrapolation of positional encodings.")
+    p = Parser(prog="posenc-bench", description="Benchmark length extrapolation of positional encodings.")
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
@@ -129,7 +200,14 @@ def _raise_terminated(signum: int, frame: Any) -> None:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)  # argparse itself exits 2 on a usage error
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args, unknown = parser.parse_known_args(values_not_options(parser, argv))
+        if unknown:  # argparse would name the top-level parser; the command's own is the one to name
+            raise UsageError(f"posenc-bench {args.command}", f"unrecognized arguments: {' '.join(unknown)}")
+    except UsageError as e:
+        print(f"{e.prog}: error: {e}", file=sys.stderr)
+        return USAGE_ERROR
     try:
         previous = signal.signal(signal.SIGTERM, _raise_terminated)
     except ValueError:  # not the main thread: leave the signal alone
@@ -138,6 +216,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         return args.func(args)
     except PosencError as e:
         print(f"posenc-bench {args.command}: error: {e}", file=sys.stderr)
+        return USAGE_ERROR
+    except OSError as e:  # a file the command could not write or read, not named by the command (see ``writing``)
+        where = f" {str(e.filename)!r}" if e.filename is not None else ""
+        print(f"posenc-bench {args.command}: error: cannot read or write{where}: {e.strerror or e}", file=sys.stderr)
         return USAGE_ERROR
     except KeyboardInterrupt as e:
         what, code = ("terminated (SIGTERM)", TERMINATED) if isinstance(e, Terminated) else ("interrupted", INTERRUPTED)

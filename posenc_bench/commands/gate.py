@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from posenc_bench.commands.cli import add_progress, parse_set, progress_choice
+from posenc_bench.commands.cli import add_progress, parse_set, progress_choice, writing
 from posenc_bench.errors import PosencError
 
 
@@ -50,7 +50,8 @@ def update_baseline(args: argparse.Namespace, current: dict, current_path: str) 
             print(gate.markdown(result))
         except gate.GateError as e:
             print(f"the old baseline was not comparable ({e}); replacing it")
-    gate.write_baseline(args.baseline, current)
+    with writing(args.baseline):
+        gate.write_baseline(args.baseline, current)
     print(f"wrote baseline {args.baseline} from {current_path}")
     return 0
 
@@ -90,7 +91,8 @@ def cmd(args: argparse.Namespace) -> int:
     per = {row: gate.Tolerance(**{**vars(default), **values}) for row, values in g.per_encoding.items()}
     result = gate.compare(baseline, current, per, default)
     result.baseline, result.current = str(args.baseline), current_path
-    md, js = gate.write_outputs(out, result, default, g.per_encoding)
+    with writing(out):
+        md, js = gate.write_outputs(out, result, default, g.per_encoding)
     print(gate.markdown(result), end="")
     print(f"wrote {md} and {js}")
     print(result.summary(), file=sys.stderr if result.failed else sys.stdout)

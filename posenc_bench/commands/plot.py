@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from posenc_bench.commands.cli import split_commas
+from posenc_bench.commands.cli import split_commas, writing
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -26,11 +26,12 @@ def cmd(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     runs = load_runs(args.results)
-    if args.robustness:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        paths = robustness.plot(runs, Path(args.out), split_commas(args.formats))
-    else:
-        paths = plots.plot_all(runs, args.out, split_commas(args.formats), rows=args.rows)
+    with writing(args.out):
+        if args.robustness:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            paths = robustness.plot(runs, Path(args.out), split_commas(args.formats))
+        else:
+            paths = plots.plot_all(runs, args.out, split_commas(args.formats), rows=args.rows)
     for path in paths:
         print(f"wrote {path}")
     return 0

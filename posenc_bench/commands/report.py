@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from posenc_bench.commands.cli import writing
 from posenc_bench.errors import PosencError
 
 # --format values; "markdown" is another name for md (the library's formats are posenc_bench.analysis.report.FORMATS)
@@ -82,7 +83,8 @@ def cmd(args: argparse.Namespace) -> int:
         changed = report.update_file(args.update, key, text, kind)
         print(f"{'updated' if changed else 'already up to date'}: {args.update} ({kind} block {key})")
     if args.out:
-        atomic_write_text(args.out, text)
+        with writing(args.out):
+            atomic_write_text(args.out, text)
         print(f"wrote {args.out}")
     if not args.update and not args.out:
         print(text, end="")

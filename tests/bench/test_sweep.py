@@ -175,3 +175,21 @@ def test_fine_tuned_rows_continue_the_rope_checkpoint_and_are_cached(tmp_path, c
     assert "rope seed 0: reusing checkpoint" in log and "rope-linear-ft seed 0: fine-tuned 3 steps" in log
     again = {(r["encoding"], r["eval_len"]): r for r in json.loads((out / "results.json").read_text())["records"]}
     assert again["rope", 16]["ppl"] == recs["rope", 16]["ppl"]  # untouched rows keep their numbers
+
+
+def test_a_resumed_sweep_counts_the_cells_finished_before_and_says_1_thread(tmp_path, capsys, monkeypatch):
+    """The second run of a folder with 2 of 4 cells done says "cell 3/4" after its first new cell (it said
+    "cell 1/2"), and its summary says "1 thread" (the recorded device string keeps "1 threads")."""
+    import torch
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    tiny = ["--config", "ci", "--train-len", "16", "--steps", "5", "--eval-tokens", "256", "--seeds", "1",
+            "--progress", "off", "--out", str(tmp_path / "out")]
+    assert main(["run", *tiny, "--encodings", "rope,alibi"]) == 0
+    capsys.readouterr()
+    assert main(["run", *tiny, "--encodings", "rope,alibi,nope,t5"]) == 0
+    out = capsys.readouterr().out
+    assert "  cell 3/4, about " in out and "cell 1/" not in out, out
+    assert "; 1 thread); out " in out  # the summary line
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert data["run"]["device"].endswith("; 1 threads)")  # the record: as committed results say it

@@ -35,8 +35,10 @@ def test_minus_a_row_removes_that_row_and_its_windowed_rows_never_its_rand_row(t
     monkeypatch.setattr(plots, "plot_ppl_vs_length", lambda runs, out, formats, chosen, *a: drawn.append(chosen)
                         or real(runs, out, formats, chosen, *a))
     monkeypatch.setattr(plots, "plot_loss_by_position", lambda run, out, formats, stem, rows: drawn.append(rows) or [])
-    assert main(["plot", str(folder), "--out", str(tmp_path / "f"), "--formats", "png", "--rows=-rope"]) == 0
     kept = ["rope+rand", "rope-yarn", "alibi"]
-    assert drawn and all(chosen == kept for chosen in drawn)
+    for rows_flag in (["--rows=-rope"], ["--rows", "-rope"]):  # spaced, as a user types it: a value, not an option
+        drawn.clear()
+        assert main(["plot", str(folder), "--out", str(tmp_path / "f"), "--formats", "png", *rows_flag]) == 0
+        assert drawn and all(chosen == kept for chosen in drawn)
     assert parse_encodings("-rope", rows) == kept
     assert parse_encodings("-rope+rand", rows) == ["rope", "rope+sw64", "rope-yarn", "alibi"]

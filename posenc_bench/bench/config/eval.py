@@ -40,5 +40,6 @@ def validate_eval(e: EvalConfig) -> None:
                           "(--protocol strided --stride 256), and only it takes one")
     if e.windows not in ("stream", "documents"):
         raise ConfigError(f"eval.windows {e.windows!r} is not a choice; valid: stream, documents")
-    if e.tokens < 1 or e.batch_tokens < 1 or e.position_buckets < 1:
-        raise ConfigError("eval.tokens, eval.batch_tokens and eval.position_buckets must be >= 1")
+    for key in ("tokens", "batch_tokens", "position_buckets"):
+        if getattr(e, key) < 1:
+            raise ConfigError(f"eval.{key} must be >= 1, got {getattr(e, key)}")

@@ -54,6 +54,9 @@ def finetune_plan(f: FinetuneConfig, t: TrainConfig, eval_lengths: list[int]) ->
 
 def validate_finetune(f: FinetuneConfig) -> None:
     """ConfigError for a negative count or rate (0 and -1 mean the defaults); the length: ``finetune_plan``."""
-    if f.steps < 0 or f.batch_size < 0 or f.warmup_steps < -1 or not (f.lr >= 0 and math.isfinite(f.lr)):
-        raise ConfigError("finetune.steps, finetune.batch_size and finetune.lr must be >= 0 (0: default), "
-                          "finetune.warmup_steps >= -1 (-1: default)")
+    for key in ("steps", "batch_size", "lr"):
+        value = getattr(f, key)
+        if not (value >= 0 and math.isfinite(value)):
+            raise ConfigError(f"finetune.{key} must be >= 0 (0: the default), got {value}")
+    if f.warmup_steps < -1:
+        raise ConfigError(f"finetune.warmup_steps must be >= -1 (-1: the default), got {f.warmup_steps}")

@@ -30,6 +30,17 @@ def validate_encoding_options(m: ModelConfig) -> None:
                 )
 
 
+MODEL_SIZES = ("d_model", "n_layers", "n_heads", "mlp_ratio", "vocab_size")
+
+
+def validate_sizes(m: ModelConfig) -> None:
+    """Every size of the model a positive whole number (before anything is built of them)."""
+    for key in MODEL_SIZES:
+        value = getattr(m, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"model.{key} must be a whole number >= 1, got {value!r}")
+
+
 def validate_vocabulary(m: ModelConfig, tokenizer: str) -> None:
     """The model's vocabulary holds the tokenizer's (ConfigError on an unknown tokenizer, naming the valid ones)."""
     vocab = vocab_size_of(tokenizer)

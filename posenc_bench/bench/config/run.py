@@ -5,6 +5,7 @@ checks it section by section."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
@@ -13,7 +14,7 @@ from posenc_bench.bench.config.data import DataConfig, validate_data
 from posenc_bench.bench.config.eval import EvalConfig, validate_eval
 from posenc_bench.bench.config.finetune import FinetuneConfig, FinetunePlan, finetune_plan, validate_finetune
 from posenc_bench.bench.config.gate import GateConfig, validate_gate
-from posenc_bench.bench.config.model import validate_encoding_options, validate_rows, validate_vocabulary
+from posenc_bench.bench.config.model import validate_encoding_options, validate_rows, validate_sizes, validate_vocabulary
 from posenc_bench.bench.config.task import TaskConfig
 from posenc_bench.bench.config.train import TrainConfig, validate_train
 from posenc_bench.bench.rows import Row
@@ -33,6 +34,9 @@ class RunConfig:
     out: str = "results/run"
     max_mask_bytes: int = 64 << 20  # memory budget of one attention-mask chunk
     save_every: int = 100  # training steps between resumable mid-run saves (0: only at the end)
+    # seconds of training between those saves, whichever of the two comes first (0: steps only): at 25 s a step,
+    # 100 steps are 40 minutes of work to lose; by default at most 10 minutes is ever lost
+    save_every_s: float = 600.0
     plugins: list = field(default_factory=list)  # modules imported first, e.g. your package's @register encodings
     # micro-batches per step and process: train.batch_size stays the global batch (how the work is cut, like
     # device and threads: not part of a cell's identity; the loss is the mean over the global batch either way)
@@ -89,17 +93,22 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"window must be >= 1 token, got {cfg.window}")
     if cfg.save_every < 0:
         raise ConfigError(f"save_every must be >= 0 steps (0 = only at the end), got {cfg.save_every}")
+    if not (cfg.save_every_s >= 0 and math.isfinite(cfg.save_every_s)):
+        raise ConfigError(f"save_every_s must be >= 0 seconds (0 = by steps only), got {cfg.save_every_s}")
     if cfg.grad_accum < 1 or cfg.train.batch_size % cfg.grad_accum:
         raise ConfigError(f"grad_accum must be >= 1 and divide train.batch_size {cfg.train.batch_size}, got {cfg.grad_accum}")
     if cfg.threads is not None and cfg.threads < 1:
         raise ConfigError(f"threads must be >= 1, got {cfg.threads}")
+    if cfg.max_mask_bytes < 1:
+        raise ConfigError(f"max_mask_bytes must be >= 1 byte, got {cfg.max_mask_bytes}")
     if cfg.expected_sweep_s is not None and not cfg.expected_sweep_s > 0:
         raise ConfigError(f"expected_sweep_s must be a positive number of seconds (or absent), got {cfg.expected_sweep_s}")
+    validate_sizes(cfg.model)
     validate_vocabulary(cfg.model, cfg.data.tokenizer)
+    validate_train(cfg.train)  # before the rows: an encoding is built with the train length
     validate_rows(cfg.model, cfg.encodings, cfg.window, cfg.train.train_len)
     if not cfg.seeds or any(not isinstance(s, int) or s < 0 for s in cfg.seeds):
         raise ConfigError(f"seeds must be non-negative integers, got {cfg.seeds!r}")
-    validate_train(cfg.train)
     validate_eval(cfg.eval)
     validate_data(cfg.data)
     cfg.eval_lengths()  # raises on a bad length

@@ -38,7 +38,7 @@ from posenc_bench.bench.timing.measure import CLOCK_STEPS, alternate_rounds, clo
 from posenc_bench.bench.timing.references import floor_fns, hf_rotary, llama_like, textbook_sinusoidal
 from posenc_bench.bench.rows import Row
 from posenc_bench.encodings.sinks import PAPER_SINKS
-from posenc_bench.env import cpu_name, git_commit, precision_dtype, resolve_device
+from posenc_bench.env import cpu_name, git_commit, precision_dtype, resolve_device, threads_in_words
 from posenc_bench.errors import ConfigError
 from posenc_bench.files import atomic_write_json, atomic_write_text
 from posenc_bench.model.attention import AttentionPlan
@@ -337,7 +337,7 @@ def run_timing(tc: TimingConfig, log: Callable[[str], None] = print) -> dict:
     if tc.threads:
         torch.set_num_threads(tc.threads)
     info = machine(device)
-    log(f"timing on {device}: {info.get('gpu', info['cpu'])}, {info['threads']} threads, torch {info['torch']}, "
+    log(f"timing on {device}: {info.get('gpu', info['cpu'])}, {threads_in_words(info['threads'])}, torch {info['torch']}, "
         f"timer resolution {seconds(info['timer_resolution_s'])}")
     rows: list[dict] = []
     for length in tc.lengths:

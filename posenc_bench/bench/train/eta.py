@@ -200,11 +200,14 @@ def estimate_lines(cfg, costs: list[CellCost], sec_per_step: float, device_type:
 
 class Clock:
     """Times the first training steps of a sweep, prints the estimate once, and the time left after each
-    cell. ``step()`` is the training loop's per-step callback; ``cell_done()`` is called after every cell."""
+    cell. ``step()`` is the training loop's per-step callback; ``cell_done()`` is called after every cell.
+    ``costs`` are the cells still to run; ``before`` counts the sweep's cells finished by an earlier run, so that
+    a resumed sweep's "cell k/N" counts every finished cell of all N (2 of 6 done before: the next is 3/6)."""
 
     def __init__(self, cfg, costs: list[CellCost], device_type: str, log: Callable[[str], None],
-                 now: Callable[[], float] = time.perf_counter) -> None:
+                 now: Callable[[], float] = time.perf_counter, before: int = 0) -> None:
         self.cfg, self.costs, self.device_type, self.log, self.now = cfg, costs, device_type, log, now
+        self.before = before
         self.start = now()
         self.sec_per_step: Optional[float] = None
         self._marks: list[float] = []
@@ -226,4 +229,4 @@ class Clock:
             return
         left = seconds_left(self.costs, self.done, self.sec_per_step or 0.0, self.now() - self.start)
         if left > 0:
-            self.log(f"  cell {self.done}/{len(self.costs)}, about {duration(left)} left")
+            self.log(f"  cell {self.before + self.done}/{self.before + len(self.costs)}, about {duration(left)} left")

@@ -62,11 +62,18 @@ class _Progress:
 
 @dataclass
 class Resume:
-    """Where a training saves its state mid-run, how often, and the key a saved state must carry to be resumed."""
+    """Where a training saves its state mid-run, how often (every ``every`` steps or ``every_s`` seconds, whichever
+    comes first), and the key a saved state must carry to be resumed."""
 
     path: Optional[Path] = None
-    every: int = 0  # steps between saves; 0: never (only the finished model is kept, by the caller)
+    every: int = 0  # steps between saves; 0: not by steps (only the finished model is kept, by the caller)
     key: str = ""
+    every_s: float = 0.0  # seconds since the last save (or the start) that bring the next; 0: not by time
+    clock: Callable[[], float] = time.monotonic  # a test's fake clock
+
+    def due(self, steps: int, since: float) -> bool:
+        """Whether a state is saved after ``steps`` steps, ``since`` seconds after the last save (or the start)."""
+        return ((self.every > 0 and steps % self.every == 0) or (self.every_s > 0 and since >= self.every_s))
 
 
 def _resumed(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: TrainBatches, rt: Runtime,
@@ -122,9 +129,10 @@ def train(model: torch.nn.Module, batches: TrainBatches, cfg, rt: Runtime, *, re
           desc: str = "train", grad_accum: int = 1, on_step: Optional[Callable[[], None]] = None) -> TrainOutcome:
     """Train ``model`` for cfg.steps steps of ``batches``. cfg is a TrainConfig.
 
-    With ``resume.path`` and ``resume.every`` > 0, the full training state (weights, optimizer, data order,
-    curve) is saved every ``resume.every`` steps, and a run interrupted after such a save continues from it
-    when called again with the same ``resume.key``: the result is the one an uninterrupted run gives.
+    With ``resume.path``, the full training state (weights, optimizer, data order, curve) is saved every
+    ``resume.every`` steps and every ``resume.every_s`` seconds (whichever comes first; 0: not by that), and a
+    run interrupted after such a save continues from it when called again with the same ``resume.key``: the
+    result is the one an uninterrupted run gives.
 
     ``batches`` yields the global batch. With ``rt.dist`` (torchrun), every rank draws it and trains on its own
     slice inside DistributedDataParallel; with ``grad_accum`` > 1 each rank's slice is split into that many
@@ -148,6 +156,7 @@ def train(model: torch.nn.Module, batches: TrainBatches, cfg, rt: Runtime, *, re
     if p.step and rt.is_main:
         rt.log(f"  {desc}: resuming from step {p.step} of {cfg.steps}")
     t0 = time.perf_counter() - p.elapsed
+    last_save = resume.clock()
     with progress_bar(cfg.steps, desc, rt.show_progress) as bar:
         bar.update(p.step)
         for step in range(p.step, cfg.steps):
@@ -175,10 +184,11 @@ def train(model: torch.nn.Module, batches: TrainBatches, cfg, rt: Runtime, *, re
                 p.curve.append([step + 1, round(p.window_sum / p.window_n, 5)])
                 bar.set_postfix(loss=f"{p.window_sum / p.window_n:.3f}")
                 p.window_sum, p.window_n = 0.0, 0
-            if (rt.is_main and resume.path is not None and resume.every > 0 and (step + 1) % resume.every == 0
-                    and step + 1 < cfg.steps):
+            now = resume.clock()
+            if rt.is_main and resume.path is not None and step + 1 < cfg.steps and resume.due(step + 1, now - last_save):
                 p.step, p.elapsed = step + 1, time.perf_counter() - t0
-                _save(resume, p, model, opt, batches)
+                _save(resume, p, model, opt, batches)  # the same state as ever: a resume file of any version reads
+                last_save = now
             bar.update(1)
             if on_step is not None:
                 on_step()

@@ -19,7 +19,9 @@ def test_the_headline_config_scores_windows_inside_documents_and_the_others_the_
     ({"eval.protocol": "sliding"}, "eval.protocol 'sliding' is not a protocol"),
     ({"eval.protocol": "strided"}, "the strided protocol needs a stride >= 1 token"),
     ({"eval.stride": 8}, "the strided protocol needs a stride >= 1 token"),
-    ({"eval.tokens": 0}, "eval.tokens, eval.batch_tokens and eval.position_buckets must be >= 1"),
+    ({"eval.tokens": 0}, "eval.tokens must be >= 1, got 0"),
+    ({"eval.batch_tokens": -8}, "eval.batch_tokens must be >= 1, got -8"),
+    ({"eval.position_buckets": 0}, "eval.position_buckets must be >= 1, got 0"),
     ({"eval.lens": ["abc"]}, "not a number"),
 ])
 def test_values_no_evaluation_takes_are_refused_up_front(overrides, match):

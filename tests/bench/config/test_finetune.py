@@ -26,8 +26,12 @@ def test_the_plan_is_a_function_of_the_sections_alone():
     assert finetune_plan(FinetuneConfig(), t, [100, 400]).len == 400 and finetune_plan(FinetuneConfig(), t, [100, 400]).lr == 0.5
 
 
-@pytest.mark.parametrize("overrides", [{"finetune.steps": -1}, {"finetune.batch_size": -2},
-                                       {"finetune.warmup_steps": -2}, {"finetune.lr": -1e-3}])
-def test_negative_counts_and_rates_are_refused(overrides):
-    with pytest.raises(ConfigError, match="finetune.steps, finetune.batch_size and finetune.lr must be >= 0"):
+@pytest.mark.parametrize("overrides,match", [
+    ({"finetune.steps": -1}, r"finetune.steps must be >= 0 \(0: the default\), got -1"),
+    ({"finetune.batch_size": -2}, r"finetune.batch_size must be >= 0 \(0: the default\), got -2"),
+    ({"finetune.warmup_steps": -2}, r"finetune.warmup_steps must be >= -1 \(-1: the default\), got -2"),
+    ({"finetune.lr": -1e-3}, r"finetune.lr must be >= 0 \(0: the default\), got -0.001"),
+])
+def test_negative_counts_and_rates_are_refused_naming_the_value(overrides, match):
+    with pytest.raises(ConfigError, match=match):
         load_config("ci", overrides)

@@ -30,6 +30,7 @@ def test_eval_lengths_are_tokens_or_a_tasks_instance_sizes():
     ({"encodings": []}, "no encodings selected; valid encodings: "),
     ({"expected_sweep_s": 0}, "expected_sweep_s must be a positive number of seconds"),
     ({"expected_sweep_s": "soon"}, "expected_sweep_s must be float"),
+    ({"max_mask_bytes": 0}, "max_mask_bytes must be >= 1 byte, got 0"),
 ])
 def test_the_runs_own_settings_are_refused_up_front(overrides, match):
     with pytest.raises(ConfigError, match=match):
@@ -44,6 +45,20 @@ def test_validate_names_the_first_bad_key_in_section_order():
         load_config("ci", {"train.steps": 0, "eval.split": "x", "gate.ppl_tol": -1})
     with pytest.raises(ConfigError, match="eval.split 'x' is not a split"):
         load_config("ci", {"eval.split": "x", "data.test_fraction": 0, "gate.ppl_tol": -1})
+
+
+@pytest.mark.parametrize("key", ["train_len", "batch_size", "steps", "log_every"])
+def test_every_train_size_is_checked_before_a_model_is_built_of_it(key):
+    """A negative train length reached the encoding's table (torch: "negative dimension -5") before train was
+    checked; now train comes before the rows, and the message names the key, its range and the value."""
+    with pytest.raises(ConfigError, match=rf"^train.{key} must be >= 1, got -5$"):
+        load_config("ci", {f"train.{key}": -5, "encodings": ["learned", "t5"]})
+
+
+@pytest.mark.parametrize("key", ["d_model", "n_layers", "n_heads", "mlp_ratio", "vocab_size"])
+def test_every_model_size_is_a_positive_whole_number(key):
+    with pytest.raises(ConfigError, match=rf"^model.{key} must be a whole number >= 1, got 0$"):
+        load_config("ci", {f"model.{key}": 0})
 
 
 def test_the_expected_time_is_the_configs_and_changes_no_key_and_no_identity():

@@ -162,6 +162,19 @@ def test_clock_prints_the_estimate_once_after_the_first_steps_and_the_time_left_
     assert len(lines) == 3  # nothing after the last cell
 
 
+def test_a_resumed_sweeps_clock_counts_the_cells_finished_before():
+    """2 of 6 cells done by an earlier run: the next finished cell is "cell 3/6", not "cell 1/4"."""
+    now = [0.0]
+    lines = []
+    costs = [eta.CellCost(row, 0, train=10) for row in "abcd"]
+    clock = eta.Clock(load_config("default", {"train.steps": 10, "expected_sweep_s": None}), costs, "cpu", lines.append,
+                      now=lambda: now[0], before=2)
+    now[0] = 10.0
+    clock.cell_done()
+    clock.cell_done()
+    assert lines == ["  cell 3/6, about 30 s left", "  cell 4/6, about 10 s left"]
+
+
 def test_clock_stops_measuring_after_measure_s_of_slow_steps():
     now = [0.0]
     lines = []

@@ -101,3 +101,77 @@ def test_interrupted_training_resumes_to_the_uninterrupted_result(tmp_path):
     train(DecoderLM(model_cfg, "t5", 16, seed=0), TrainBatches(_stream(), 16, 8, seed=0), cfg,
           Runtime(torch.device("cpu"), show_progress=False, log=logs.append), resume=Resume(state, 0, "other"))
     assert logs == []
+
+
+class _FakeClock:
+    """A clock each training step moves by ``step_s`` seconds (it moves when the step draws its batch)."""
+
+    def __init__(self, batches: TrainBatches, step_s: float) -> None:
+        self.t, real_next = 0.0, batches.next
+
+        def next_and_tick():
+            self.t += step_s
+            return real_next()
+
+        batches.next = next_and_tick
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _saves(tmp_path, steps, resume_of, stop_after=None):
+    """The steps at which a training of ``steps`` steps saved its state (each step 200 s by a fake clock);
+    with ``stop_after``, killed (an exception) right after that step."""
+    cfg = TrainConfig(train_len=16, batch_size=4, steps=steps, warmup_steps=1, log_every=1)
+    batches = TrainBatches(_stream(), 16, 4, seed=0)
+    resume = resume_of(_FakeClock(batches, 200.0))
+    saved, done = [], []
+    real = torch.save
+
+    def save(state, path, *a, **k):
+        saved.append(state["step"])
+        return real(state, path, *a, **k)
+
+    def on_step():
+        done.append(1)
+        if len(done) == stop_after:
+            raise KeyboardInterrupt
+
+    torch.save, model = save, DecoderLM(ModelConfig(d_model=32, n_layers=1, n_heads=2), "rope", 16, seed=0)
+    try:
+        train(model, batches, cfg, Runtime(torch.device("cpu"), show_progress=False), resume=resume, on_step=on_step)
+    finally:
+        torch.save = real
+    return saved
+
+
+def test_a_state_is_saved_by_time_as_well_as_by_steps(tmp_path):
+    """At 200 s a step and save_every_s 600, a state every 3 steps although save_every (100) is never reached;
+    a run killed after step 4 resumes from step 3. save_every_s 0: steps only."""
+    state = tmp_path / "train_state.pt"
+    assert _saves(tmp_path, 10, lambda clock: Resume(state, 100, "k", 600.0, clock)) == [3, 6, 9]
+    state.unlink()
+    with pytest.raises(KeyboardInterrupt):
+        _saves(tmp_path, 10, lambda clock: Resume(state, 100, "k", 600.0, clock), stop_after=4)
+    saved = torch.load(state, weights_only=True)
+    assert saved["step"] == 3 and set(saved) == {"key", "step", "model", "optimizer", "generator", "curve", "first_loss",
+                                                 "last_finite", "window_sum", "window_n", "elapsed"}  # as ever
+    logs = []
+    cfg = TrainConfig(train_len=16, batch_size=4, steps=10, warmup_steps=1, log_every=1)
+    train(DecoderLM(ModelConfig(d_model=32, n_layers=1, n_heads=2), "rope", 16, seed=0),
+          TrainBatches(_stream(), 16, 4, seed=0), cfg, Runtime(torch.device("cpu"), show_progress=False, log=logs.append),
+          resume=Resume(state, 100, "k", 600.0))
+    assert "resuming from step 3 of 10" in logs[0]
+    state.unlink()
+    assert _saves(tmp_path, 10, lambda clock: Resume(state, 4, "k", 0.0, clock)) == [4, 8]  # 0: by steps only
+    state.unlink()
+    assert _saves(tmp_path, 10, lambda clock: Resume(state, 4, "k", 500.0, clock)) == [3, 4, 7, 8]  # whichever first
+
+
+def test_save_every_s_is_a_run_setting_that_changes_no_identity():
+    from posenc_bench.bench.config import RunConfig, load_config
+    from posenc_bench.bench.records import NOT_IDENTITY
+
+    assert RunConfig().save_every_s == 600.0 and "config.save_every_s" in NOT_IDENTITY
+    with pytest.raises(ValueError, match=r"save_every_s must be >= 0 seconds \(0 = by steps only\), got -1"):
+        load_config("ci", {"save_every_s": -1})
