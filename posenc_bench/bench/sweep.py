@@ -22,7 +22,7 @@ import torch
 import yaml
 
 from posenc_bench.bench import checkpoint, work
-from posenc_bench.bench.train import eta
+from posenc_bench.bench.train import eta, plans, probe
 from posenc_bench.bench.config import RunConfig, TrainConfig
 from posenc_bench.bench.run.dist import Dist
 from posenc_bench.bench.keys import Keys, model_key
@@ -171,10 +171,12 @@ class Sweep:
     nothing; ``open`` then takes the results folder (created, locked, and checked against the identity rule
     before anything is printed or trained) and ``run`` trains and evaluates the cells in order into it."""
 
-    def __init__(self, cfg: RunConfig, rt: Runtime, shard: Optional[tuple[int, int]] = None) -> None:
+    def __init__(self, cfg: RunConfig, rt: Runtime, shard: Optional[tuple[int, int]] = None,
+                 command: Optional[list[str]] = None) -> None:
         """``rt.dist``: this is rank 0 of a torchrun job (the other ranks run :func:`train_worker`).
-        ``shard``: (i, n) runs shard i of n of the cells into results.shard-<i>-of-<n>.json (see shard.py)."""
-        self.cfg, self.rt, self.shard = cfg, rt, shard
+        ``shard``: (i, n) runs shard i of n of the cells into results.shard-<i>-of-<n>.json (see shard.py).
+        ``command``: the flags of the ``run`` command line (argv after ``run``), which cheaper plans repeat."""
+        self.cfg, self.rt, self.shard, self.command = cfg, rt, shard, command
         self.out = Path(cfg.out)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
@@ -270,6 +272,12 @@ class Sweep:
         clock = eta.Clock(self.cfg, eta.cell_costs(self.cfg, todo, self.models.finished(todo)), self.rt.device.type,
                           self.rt.log, before=len(cells) - len(todo))
         self.models.on_step = clock.step
+        if self.rt.device.type == "cpu" and todo:  # before the first training step: a probe step, and plans if long
+            step_s = probe.step_seconds(self.cfg, todo[0][0].trained, self.rt)
+            lines = plans.plan_lines(self.cfg, clock.costs, step_s, "cpu", self.command)
+            for line in lines:
+                self.rt.log(line)
+            clock.noted = bool(lines)  # the measured estimate then gives its time, not the note again
         for row, seed in cells:
             self.run_cell(row, seed)
             if (row, seed) in todo:

@@ -114,6 +114,21 @@ def run_config(args: argparse.Namespace):
     return build_config(data, o)
 
 
+def given_argv(args: argparse.Namespace) -> list[str]:
+    """The flags ``args`` was given, as argv after ``run`` (long names, each value its own token): the command
+    line the run's cheaper plans repeat with their own flags."""
+    out: list[str] = []
+    for a in add_parser(argparse.ArgumentParser().add_subparsers())._actions:
+        value, flag = getattr(args, a.dest, None), max(a.option_strings, key=len, default="")
+        if not flag or a.dest == "help" or value is None or value == a.default:
+            continue
+        if a.nargs == 0:  # store_true
+            out += [flag] if value else []
+        elif given(value):
+            out += [tok for v in (value if isinstance(value, list) else [value]) for tok in (flag, str(v))]
+    return out
+
+
 def cmd(args: argparse.Namespace) -> int:
     import yaml
 
@@ -135,8 +150,8 @@ def cmd(args: argparse.Namespace) -> int:
         rt = Runtime.create(cfg.device, cfg.precision, dist=dist, show_progress=progress_choice(args))
         sweep = None
         try:
-            sweep = Sweep(cfg, rt, shard)  # every input checked, nothing written
-            with sweep.open(fresh=args.fresh, delete_committed=args.delete_committed):  # the folder created, locked and its records checked; then the summary
+            sweep = Sweep(cfg, rt, shard, command=given_argv(args))  # every input checked, nothing written
+            with sweep.open(fresh=args.fresh, delete_committed=args.delete_committed):  # created, locked, records checked; the summary
                 if args.verbose:
                     print("effective config:\n" + yaml.safe_dump(cfg.to_dict(), sort_keys=False).rstrip())
                 data = sweep.run()

@@ -10,7 +10,7 @@ import pytest
 
 from posenc_bench.commands.cli import main
 
-from tests.commands.cli_helpers import MICRO, run
+from tests.commands.cli_helpers import MICRO, parsed, run
 
 ROWS = "rope,rope-linear,learned,alibi,nope+sw16"
 
@@ -425,3 +425,20 @@ def test_run_reads_its_config_file_once(monkeypatch):
     monkeypatch.setattr(load, "resolve_config", lambda spec: reads.append(spec) or real(spec))
     cfg = run_config(parsed("run", "--config", "ci", "--encodings=-learned", "--steps", "3"))
     assert reads == ["ci"] and "learned" not in cfg.encodings and cfg.train.steps == 3
+
+
+@pytest.mark.parametrize("argv", [
+    ["--train-len", "2048", "--eval-lens", "4096", "--out", "/tmp/mission"],
+    [],
+    ["--config", "ci", "--seeds", "0,5", "--lr", "0.001", "--set", "train.warmup_steps=5", "--set", "seed=2", "--fresh",
+     "--device", "cpu", "--progress", "off"],
+])
+def test_given_argv_is_the_command_line_again(argv):
+    """The run's cheaper plans repeat its own flags: the flags given, in the parser's order, parse back to the
+    same arguments."""
+    from posenc_bench.commands.run import given_argv
+
+    args = parsed("run", *argv)
+    again = given_argv(args)
+    assert sorted(again) == sorted(argv)
+    assert vars(parsed("run", *again)) == vars(args)

@@ -170,9 +170,11 @@ def quicker(cfg, costs: list[CellCost], sec_per_step: float, target_s: float) ->
     return out
 
 
-def warning(total_s: float, stated_s: Optional[float], device_type: str, options: list[str]) -> Optional[str]:
+def warning(total_s: float, stated_s: Optional[float], device_type: str, options: list[str],
+            train_len: int = 0) -> Optional[str]:
     """One line when the sweep will take longer than ``note_after`` allows, with ``options`` (``quicker``'s flags
-    for that limit): what brings it under, or that it needs a GPU."""
+    for that limit): what brings it under, or that it needs a GPU. A shorter --train-len than ``train_len`` is
+    named as the different experiment it is."""
     limit = note_after(stated_s, device_type)
     if limit is None or total_s <= limit:
         return None
@@ -183,19 +185,23 @@ def warning(total_s: float, stated_s: Optional[float], device_type: str, options
     if not options:
         return (f"{head}; no fewer rows, smaller --batch-size or shorter --train-len brings it under "
                 f"{duration(limit)} here: it needs a GPU (--device cuda)")
+    options = [f"{o} (a different experiment: extrapolation from {o.split()[1]}, not {train_len})"
+               if train_len and o.startswith("--train-len ") else o for o in options]
     return f"{head}; under {duration(limit)} here with any one of: {'; '.join(options)} (or a GPU, --device cuda)"
 
 
-def estimate_lines(cfg, costs: list[CellCost], sec_per_step: float, device_type: str) -> list[str]:
+def estimate_lines(cfg, costs: list[CellCost], sec_per_step: float, device_type: str, note: bool = True) -> list[str]:
     """The first estimate: seconds a step, each model and the sweep; and the note, if any (against the time
-    ``cfg`` expects, its ``expected_sweep_s``)."""
+    ``cfg`` expects, its ``expected_sweep_s``; not with ``note`` False: the plans said it before training)."""
     total, steps, stated_s = seconds_left(costs, 0, sec_per_step), cfg.train.steps, cfg.expected_sweep_s
     lines = [f"  timing: {sec_per_step:.3g} s a training step on {device_type}: about {duration(sec_per_step * steps)} "
              f"a model ({steps} steps), about {duration(total)} for the sweep ({len(costs)} cells)"]
     limit = note_after(stated_s, device_type)
+    if not note:
+        return lines
     options = quicker(cfg, costs, sec_per_step, limit) if limit is not None and total > limit else []
-    note = warning(total, stated_s, device_type, options)
-    return lines + ([note] if note else [])
+    said = warning(total, stated_s, device_type, options, cfg.train.train_len)
+    return lines + ([said] if said else [])
 
 
 class Clock:
@@ -212,6 +218,7 @@ class Clock:
         self.sec_per_step: Optional[float] = None
         self._marks: list[float] = []
         self.done = 0
+        self.noted = False  # the plans (bench/train/plans.py) were printed before training: no note again
 
     def step(self) -> None:
         if self.sec_per_step is not None:
@@ -220,7 +227,7 @@ class Clock:
         measured = len(self._marks) - 1
         if measured >= MEASURE_STEPS or (measured >= 1 and self._marks[-1] - self._marks[0] >= MEASURE_S):
             self.sec_per_step = (self._marks[-1] - self._marks[0]) / measured
-            for line in estimate_lines(self.cfg, self.costs, self.sec_per_step, self.device_type):
+            for line in estimate_lines(self.cfg, self.costs, self.sec_per_step, self.device_type, not self.noted):
                 self.log(line)
 
     def cell_done(self) -> None:

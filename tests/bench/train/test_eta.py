@@ -184,3 +184,13 @@ def test_clock_stops_measuring_after_measure_s_of_slow_steps():
         now[0] = t
         clock.step()
     assert clock.sec_per_step == 17.0 and "far beyond" in lines[1]
+
+
+def test_a_shorter_train_length_in_the_note_is_named_a_different_experiment_and_plans_silence_the_note():
+    assert eta.warning(4000, None, "cuda", ["--train-len 64"]) is None
+    said = eta.warning(4000, None, "cpu", ["--batch-size 2", "--train-len 64"], train_len=2048)
+    assert said.endswith("--batch-size 2; --train-len 64 (a different experiment: extrapolation from 64, not 2048) "
+                         "(or a GPU, --device cuda)")
+    cfg, costs, _ = _mission(25.0)
+    assert len(eta.estimate_lines(cfg, costs, 25.0, "cpu")) == 2
+    assert len(eta.estimate_lines(cfg, costs, 25.0, "cpu", note=False)) == 1  # the plans said it before training
