@@ -9,7 +9,7 @@ same shapes (what the bootstrap cannot go below).
 import numpy as np
 import pytest
 
-from posenc_bench.analysis.intervals import DRAWS, Intervals
+from posenc_bench.analysis.stats.intervals import DRAWS, Intervals
 
 
 def records(rows, seeds, units):

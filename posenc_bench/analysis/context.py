@@ -14,7 +14,9 @@ from typing import Optional
 import pandas as pd
 
 from posenc_bench import metrics
-from posenc_bench.analysis.seeds import mean
+from posenc_bench.analysis.learned import (LEARNED_ACCURACY, PLATEAU_MARGIN, early_late, late_buckets, model_row,
+                                           seed_learned, unlearned_seeds)
+from posenc_bench.analysis.stats.seeds import mean
 
 CONTEXT_TITLES = {
     "training": "Training (train loss, nats) and context use at 1x (test loss early vs late in the window), each the "
@@ -35,34 +37,15 @@ def context_title(value: str, frame: pd.DataFrame, split: str = "test") -> str:
     return CONTEXT_TITLES[value].replace("(test loss", f"({'eval' if split == 'all' else split} loss")
 
 
-# A model that uses its context predicts later positions of a window better than the first ones. At 1x, the
-# test loss over the second half of the window must be this many nats below the first position bucket's (the
-# bucket is the longest eval length / eval.position_buckets wide: positions 0-7 in the default run, 0-31 in
-# sotu-512), averaged over the row's seeds. The note names the positions, so "local" has its width.
-PLATEAU_MARGIN = 0.05
-PLATEAU_NOTE = ("uses only local context: at 1x its loss over positions {late} is not {margin:g} nats below its loss "
-                "over positions {early}, so its extrapolation numbers say little about the encoding")
-
-
-def _late_buckets(rec: dict) -> list[dict]:
-    """One record's position buckets over the second half of its window."""
-    return [b for b in rec.get("loss_by_position") or [] if b["start"] >= rec["eval_len"] // 2]
-
-
-def _early_late(rec: dict) -> Optional[tuple[float, float]]:
-    """One record's loss in its first position bucket and over the second half of its window."""
-    late = _late_buckets(rec)
-    if rec["status"] != "ok" or not late:
-        return None
-    first = rec["loss_by_position"][0]["loss"]
-    return first, sum(b["loss"] * b["tokens"] for b in late) / sum(b["tokens"] for b in late)
+PLATEAU_NOTE = ("uses only local context on {seeds}: at 1x its loss over positions {late} is not {margin:g} nats below "
+                "its loss over positions {early}, so on {those} its extrapolation numbers say little about the encoding")
 
 
 def context_use(records: list[dict], row: str) -> Optional[tuple[float, float]]:
     """(loss of the first position bucket, loss over the second half of the window) at 1x for ``row``, the
     mean over its measured seeds: the measure of the training table. None without loss-by-position numbers."""
     pairs = [p for r in records if r["encoding"] == row and r["eval_len"] == r["train_len"]
-             and (p := _early_late(r)) is not None]
+             and (p := early_late(r)) is not None]
     if not pairs:
         return None
     return mean([p[0] for p in pairs]), mean([p[1] for p in pairs])
@@ -76,8 +59,8 @@ def late_spread(records: list[dict], row: str) -> Optional[float]:
     few of these is not measured by the row's eval text."""
     sds = []
     for r in records:
-        if r["encoding"] == row and r["eval_len"] == r["train_len"] and _early_late(r) is not None:
-            late = [b["loss"] for b in _late_buckets(r)]
+        if r["encoding"] == row and r["eval_len"] == r["train_len"] and early_late(r) is not None:
+            late = [b["loss"] for b in late_buckets(r)]
             if len(late) > 1:
                 sds.append((sum((y - x) ** 2 for x, y in zip(late, late[1:])) / (2 * (len(late) - 1))) ** 0.5)
     return mean(sds) if sds else None
@@ -86,7 +69,7 @@ def late_spread(records: list[dict], row: str) -> Optional[float]:
 def context_positions(records: list[dict], row: str) -> Optional[tuple[str, str]]:
     """The positions ``context_use`` compares for ``row`` at 1x, as text: ("0-7", "64-127") in the default run."""
     rec = next((r for r in records if r["encoding"] == row and r["eval_len"] == r["train_len"]
-                and _early_late(r) is not None), None)
+                and early_late(r) is not None), None)
     if rec is None:
         return None
     first, L = rec["loss_by_position"][0], rec["eval_len"]
@@ -94,43 +77,55 @@ def context_positions(records: list[dict], row: str) -> Optional[tuple[str, str]
 
 
 def on_plateau(records: list[dict], row: str) -> bool:
-    """Whether ``row``'s model did not learn to use its context (see PLATEAU_MARGIN)."""
-    use = context_use(records, row)
-    return use is not None and use[0] - use[1] < PLATEAU_MARGIN
+    """Whether some seed of ``row``'s model did not learn to use its context (see PLATEAU_MARGIN)."""
+    return not metrics.kind_of(records).instances and bool(unlearned_seeds(records, row))
 
 
 def plateau_rows(records: list[dict]) -> list[str]:
-    """The rows of ``records`` whose model does not use its context (``on_plateau``)."""
+    """The rows of ``records`` with a seed whose model does not use its context (``on_plateau``)."""
     return [row for row in dict.fromkeys(r["encoding"] for r in records) if on_plateau(records, row)]
 
 
-# A task's counterpart: a row that does not solve the task at its train size says nothing by failing past it.
-LEARNED_ACCURACY = 0.9
-UNLEARNED_NOTE = ("did not learn the task: at 1x its exact match (the mean over its seeds) is below {threshold:.0%}, "
-                  "so its extrapolation numbers say nothing about the encoding")
+UNLEARNED_NOTE = ("did not learn the task on {seeds} (exact match at 1x {values}, below {threshold:.0%}): on "
+                  "{those} its extrapolation numbers say nothing about the encoding")
 
 
 def unlearned(records: list[dict], row: str) -> bool:
-    """Whether a task row's mean exact match at 1x (over its seeds) is below LEARNED_ACCURACY."""
-    at_1x = [r["accuracy"] for r in records if r["encoding"] == row and r["eval_len"] == r["train_len"]
-             and r["status"] == "ok" and r.get("accuracy") is not None]
-    return bool(at_1x) and mean(at_1x) < LEARNED_ACCURACY
+    """Whether some seed of a task row's model has exact match at 1x below LEARNED_ACCURACY."""
+    return metrics.kind_of(records).instances and bool(unlearned_seeds(records, row))
 
 
 def unlearned_rows(records: list[dict]) -> list[str]:
-    """The rows of a task run that did not learn the task (``unlearned``)."""
+    """The rows of a task run with a seed that did not learn the task (``unlearned``)."""
     return [row for row in dict.fromkeys(r["encoding"] for r in records) if unlearned(records, row)]
 
 
+def _which(bad: list[int], of: int) -> tuple[str, str]:
+    """("seeds 1, 2 of 6", "those seeds"): the seeds a note names, and how it refers back to them."""
+    if len(bad) == of:
+        return (f"every seed ({of})" if of > 1 else "its one seed"), ("every seed" if of > 1 else "it")
+    return f"seed{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))} of {of}", \
+        ("those seeds" if len(bad) > 1 else "that seed")
+
+
 def plateau_note(records: list[dict], row: str) -> Optional[str]:
-    """The footnote of a row on the plateau, naming the positions compared (or of a task row that did not learn
-    its task); None for a row that uses context."""
-    if metrics.kind_of(records).instances:
-        return UNLEARNED_NOTE.format(threshold=LEARNED_ACCURACY) if unlearned(records, row) else None
-    if not on_plateau(records, row):
+    """The footnote of a row with a seed whose model did not learn, naming the seeds (and a task's exact match at
+    1x on each, or the positions a text row's loss compares); None where every seed learned. A zero-shot row's
+    note is its model's, and says so."""
+    flags = seed_learned(records, row)
+    bad = [s for s, ok in flags.items() if not ok]
+    if not bad:
         return None
-    early, late = context_positions(records, row)
-    return PLATEAU_NOTE.format(early=early, late=late, margin=PLATEAU_MARGIN)
+    model = model_row(records, row)
+    seeds, those = _which(bad, len(flags))
+    whose = f"its model ({model}) " if model != row else ""
+    if metrics.kind_of(records).instances:
+        at_1x = {r["seed"]: r["accuracy"] for r in records if r["encoding"] == model and r["eval_len"] == r["train_len"]
+                 and r["status"] == "ok"}
+        values = ", ".join(f"{at_1x[s]:.3f}" for s in bad)
+        return whose + UNLEARNED_NOTE.format(seeds=seeds, values=values, threshold=LEARNED_ACCURACY, those=those)
+    early, late = context_positions(records, model)
+    return whose + PLATEAU_NOTE.format(early=early, late=late, margin=PLATEAU_MARGIN, seeds=seeds, those=those)
 
 
 # ------------------------------------------------------------------------------------------ the tables

@@ -1,21 +1,21 @@
-"""Findings: every claim the intervals of a results file support, and nothing else, in words.
+"""Findings: every claim the statistics of a results file support after the correction for their number, in words.
 
-Three kinds of claim, each at one eval length, each with its ratio, interval and level
-(``analysis/intervals.py``: "method" when two or more seeds are compared, "this checkpoint" with one):
+Three kinds of claim, each at one eval length, each with its estimate, interval and level
+(``analysis/stats/intervals.py``: "method" when two or more seeds are compared, "this checkpoint" with one):
 
-- **between rows**: row A's ppl over row B's (paired by seed and text), for every pair of rows; listed where
-  the interval excludes 1 and the difference is at least MIN_EFFECT, written so that the ratio is below 1
-  (A is better);
-- **against its own 1x**: a row's ppl at a length over its ppl at the train length, where that is a finding;
+- **between rows**: row A's ppl over row B's (paired by seed and text), for every pair of rows; written so that
+  the ratio is below 1 (A is better); a task's exact match as A - B (A better);
+- **against its own 1x**: a row's ppl at a length over its ppl at the train length;
 - **extrapolation between rows**: row A's ratio to its own 1x over row B's, past 1x (A keeps its 1x better),
   the claim "A extrapolates better than B" whatever their 1x.
 
-Lines are grouped by pair (or row) and ordered by their largest effect (|log ratio|), so the strongest
-findings come first. Every comparison is at the report's level (95% by default) and none is corrected for
-the number made: the block says how many were made, so a reader can judge how many could be chance (about
-1 in 40 of the comparisons with no true difference, in each direction). A README's findings block is this
-text (``posenc-bench report RUN --findings --update README.md``), and its prose claims nothing the block does
-not hold.
+Every comparison made is one member of the run's **family** (``analysis/stats/family.py``), corrected together
+by Benjamini-Hochberg at 1 - level: a claim is listed when its adjusted p-value is below 1 - level and its effect
+is at least the metric's smallest. Ratios are inferred on the log scale, so naming B first gives the reciprocal
+estimate and bounds and the same p-value: which row is named first never decides a finding. Lines are grouped by
+pair (or row) and ordered by their largest effect (|log ratio|), so the strongest findings come first. A README's
+findings block is this text (``posenc-bench report RUN --findings --update README.md``), and its prose claims
+nothing the block does not hold.
 """
 
 from __future__ import annotations
@@ -23,11 +23,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from itertools import combinations
-from typing import Sequence
+from typing import Optional, Sequence
 
 from posenc_bench import metrics
-from posenc_bench.analysis.intervals import CHECKPOINT, Comparison, Intervals
+from posenc_bench.analysis.stats.estimate import CHECKPOINT, Comparison
+from posenc_bench.analysis.stats.family import Family, correct
+from posenc_bench.analysis.stats.intervals import Intervals
 from posenc_bench.analysis.tables import Run, row_order, train_len
+
+FAMILY = "every pair of rows at every length, by ppl and past 1x by ratio to 1x, and every row against its 1x"
+TASK_FAMILY = "every pair of rows at every size"
 
 
 @dataclass(frozen=True)
@@ -40,8 +45,7 @@ class Finding:
 
     @property
     def effect(self) -> float:
-        c = self.comparison
-        return abs(c.interval.value - c.null) if c.null == 0 else abs(math.log(c.interval.value))
+        return self.comparison.effect
 
 
 @dataclass
@@ -50,55 +54,48 @@ class Findings:
     between: list[Finding]
     from_1x: list[Finding]
     extrapolation: list[Finding]
-    made: int  # comparisons made (pairs x lengths, and rows x lengths past 1x)
+    made: int  # comparisons made: the family's size
     levels: set[str]
     metric: str = "ppl"  # the metric compared between rows: the kind's primary ("accuracy" for a task run)
-
-
-def _oriented(iv: Intervals, value: str, a: str, b: str, length: int) -> tuple[str, str, Comparison] | None:
-    """The significant comparison of ``value`` of a and b at ``length``, the better row first; None otherwise."""
-    c = iv.compare(value, a, b, length)
-    if c is None or not c.significant:
-        return None
-    if metrics.get(value).better(c.interval.value, c.null):  # a is better: more accurate, lower ppl
-        return a, b, c
-    return b, a, iv.compare(value, b, a, length)
+    family: Optional[Family] = None
 
 
 def run_findings(run: Run, iv: Intervals) -> Findings:
-    """Every finding of one run (``iv``: its intervals)."""
+    """Every finding of one run (``iv``: its intervals), after the correction within its family."""
     rows = row_order(run.data)
     T = train_len(run.data["run"])
     lengths = sorted({r["eval_len"] for r in run.data["records"]})
     between, ratio = iv.kind.primary, iv.kind.to_1x  # a task run compares exact match (A - B) and has no ratio
-    found: dict[str, list[Finding]] = {between: [], **({ratio: []} if ratio else {})}
-    from_1x, made = [], 0
+    made: list[tuple[str, str, str, int, Comparison]] = []  # (value or "1x", a, b, length, comparison)
     for length in lengths:
         for a, b in combinations(rows, 2):
             for value in (between, ratio) if length != T and ratio else (between,):
-                if iv.compare(value, a, b, length) is None:
-                    continue
-                made += 1
-                if (o := _oriented(iv, value, a, b, length)) is not None:
-                    found[value].append(Finding(o[0], o[1], length, T, o[2]))
+                if (c := iv.compare(value, a, b, length)) is not None:
+                    made.append((value, a, b, length, c))
         for row in rows if length != T and ratio else []:
-            c = _ratio_to_1x(iv, ratio, row, length)
-            if c is None:
-                continue
-            made += 1
-            if c.significant:
-                from_1x.append(Finding(row, "", length, T, c))
-    levels = {f.comparison.level for f in found[between] + from_1x + found.get(ratio, [])}
-    return Findings(run.label, found[between], from_1x, found[ratio] if ratio else [], made, levels, between)
+            if (c := _ratio_to_1x(iv, ratio, row, length)) is not None:
+                made.append(("1x", row, "", length, c))
+    family, adjusted = correct(TASK_FAMILY if iv.kind.instances else FAMILY, [m[4] for m in made], iv.ci)
+    found: dict[str, list[Finding]] = {between: [], "1x": [], **({ratio: []} if ratio else {})}
+    for (value, a, b, length, _), c in zip(made, adjusted):
+        if not c.significant:
+            continue
+        if value != "1x" and not metrics.get(value).better(c.value, c.null):  # b is better: name it first
+            a, b = b, a
+            c = iv.compare(value, a, b, length).adjusted(c.p_adjusted, c.shown_ci)
+        found[value].append(Finding(a, b, length, T, c))
+    levels = {f.comparison.level for fs in found.values() for f in fs}
+    return Findings(run.label, found[between], found["1x"], found[ratio] if ratio else [], family.size, levels,
+                    between, family)
 
 
-def _ratio_to_1x(iv: Intervals, ratio: str, row: str, length: int) -> Comparison | None:
-    """The row's ppl at ``length`` over its own 1x, as a Comparison (its interval is the ratio value's)."""
-    interval = iv.interval(ratio, row, length)
-    if interval is None:
+def _ratio_to_1x(iv: Intervals, ratio: str, row: str, length: int) -> Optional[Comparison]:
+    """The row's ppl at ``length`` over its own 1x, as a Comparison against 1."""
+    e = iv.estimate(ratio, row, length)
+    if e is None:
         return None
-    level = iv.level(row, length)
-    return Comparison(interval, level, iv.seeds_measured(row, length))
+    m = metrics.get(ratio)
+    return Comparison(e, iv.level(row, length), iv.seeds_measured(row, length), ci=iv.ci, min_effect=m.smallest)
 
 
 def _multiple(length: int, T: int) -> str:
@@ -107,9 +104,21 @@ def _multiple(length: int, T: int) -> str:
 
 
 def _claim(f: Finding, show_level: bool) -> str:
-    i = f.comparison.interval
-    level = f" ({f.comparison.level})" if show_level else ""
-    return f"{_multiple(f.length, f.train_len)} {i.value:.3f} [{i.lo:.3f}, {i.hi:.3f}]{level}"
+    c = f.comparison
+    level = f", {c.level}" if show_level else ""
+    i = c.interval
+    if math.isfinite(i.lo):
+        return f"{_multiple(f.length, f.train_len)} {c.value:.3f} [{i.lo:.3f}, {i.hi:.3f}] (p {_p(c.p_adjusted)}{level})"
+    seeds = f"{c.seeds} seed{'s' if c.seeds > 1 else ''}"
+    return f"{_multiple(f.length, f.train_len)} {c.value:.3f} (p {_p(c.p_adjusted)}, {seeds}{level})"
+
+
+def _p(p: float) -> str:
+    """An adjusted p-value, two significant digits (three where two would round it onto 0.05 or 0.01)."""
+    if p < 1e-12:
+        return "< 1e-12"
+    text = f"{p:.2g}"
+    return f"{p:.3g}" if any(float(text) == a != p for a in (0.05, 0.01)) else text
 
 
 def _grouped(items: list[Finding], key, show_level: bool) -> list[tuple[float, str, str]]:
@@ -131,12 +140,20 @@ def markdown(all_findings: Sequence[Findings], ci: float) -> str:
         mixed = len(fs.levels) > 1
         level = next(iter(fs.levels)) if len(fs.levels) == 1 else ""
         head = f"{fs.run}: " if fs.run else ""
-        n = len(fs.between) + len(fs.from_1x) + len(fs.extrapolation)
         metric = metrics.get(fs.metric)
         task = metric.difference
-        rule = (f"interval excludes 0, difference at least {metric.smallest * 100:g} point" if task
-                else f"interval excludes 1, difference at least {metric.smallest:.1%}")
-        what = f"{head}{n} of {fs.made} comparisons hold at {ci:.0%} ({rule}; not corrected for the number made)"
+        rule = (f"effect at least {metric.smallest * 100:g} point" if task
+                else f"effect at least {metric.smallest:.1%}")
+        fam = fs.family
+        what = f"{head}{fam.describe() if fam else 'no comparisons'} ({rule})"
+        if fam and fam.findings and not task:
+            shown = fam.members[0].shown_ci
+            what += (f"; each interval below is at the false-coverage-adjusted level {shown:.2%} (Benjamini-Yekutieli), "
+                     "so it excludes 1 exactly when its adjusted p-value (p) is below "
+                     f"{1 - ci:.0%}")
+        elif fam and fam.findings:
+            what += ("; a task compares seeds by the exact sign-flip test (one seed: McNemar's), so no interval is "
+                     "shown: (p) is the adjusted p-value")
         if level:
             what += "; every one is " + ("about this checkpoint (one seed), not the method" if level == CHECKPOINT
                                          else "method-level (over the training seeds)")

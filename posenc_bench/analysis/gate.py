@@ -13,7 +13,7 @@ tolerance:
 The allowed rise is the configured tolerance (``gate.ppl_tol``, ``gate.ratio_tol``, overridable per
 encoding row under ``gate.per_encoding``), widened where noise could explain more:
 
-- when both files carry per-unit numbers (``analysis/intervals.py``), a change fails only when it is beyond
+- when both files carry per-unit numbers (``analysis/stats/intervals.py``), a change fails only when it is beyond
   the tolerance AND its 95% interval excludes 0: the interval of current / baseline - 1, paired over the same
   eval units (both runs scored the same text) and seed by seed (``Intervals.compare``: with several seeds a
   t-interval over the seeds widened by the text's bootstrap). ``allowed`` is then the
@@ -53,8 +53,10 @@ from posenc_bench import metrics
 from posenc_bench.errors import PosencError
 from posenc_bench.bench.records import ResultsError, differences, read_results
 from posenc_bench.analysis.captions import kind, kind_text
-from posenc_bench.analysis.intervals import CI, Intervals
-from posenc_bench.analysis.seeds import Seeds, mean_std, over_seeds, with_value
+from posenc_bench.analysis.stats.estimate import Comparison
+from posenc_bench.analysis.stats.family import HOLM, correct
+from posenc_bench.analysis.stats.intervals import CI, Intervals
+from posenc_bench.analysis.stats.seeds import Seeds, mean_std, over_seeds, with_value
 from posenc_bench.analysis.tables import train_len
 from posenc_bench.files import atomic_write_json, atomic_write_text
 
@@ -170,7 +172,7 @@ def gated(data: dict) -> list[metrics.Metric]:
 
 
 def _cells(data: dict) -> dict[tuple[str, int], dict[str, Seeds]]:
-    """(row, eval length) -> each gated metric's values over the seeds (``analysis/seeds.py``)."""
+    """(row, eval length) -> each gated metric's values over the seeds (``analysis/stats/seeds.py``)."""
     out: dict[tuple[str, int], dict[str, Seeds]] = {}
     for m in gated(data):
         records, key = with_value(data["records"], m)
@@ -191,23 +193,23 @@ def _change(m: metrics.Metric, baseline: float, current: float) -> float:
 
 
 def _check(enc: str, L: int, T: int, metric: str, b: list[float], c: list[float], limits: tuple[float, float],
-           paired: Optional[Intervals] = None) -> Check:
-    """One metric of one cell: ``limits`` (tolerance, sigmas); ``paired`` the intervals of both runs, if any."""
+           paired_change: Optional[Comparison] = None) -> Check:
+    """One metric of one cell: ``limits`` (tolerance, sigmas); ``paired_change`` current against baseline, paired
+    by seed and text and corrected within the gate's family (``_paired_changes``), if both runs have units."""
     tol, sigmas = limits
     m = metrics.get(metric)
     bm, bs = mean_std(b)
     cm, _ = mean_std(c)
     change = _change(m, bm, cm)
     allowed, source = tol, "tolerance"
-    paired_change = paired.compare(metric, f"current:{enc}", f"baseline:{enc}", L) if paired is not None else None
-    if paired_change is not None:
+    if paired_change is not None and math.isfinite(paired_change.interval.lo):
         i = paired_change.interval  # current / baseline, or current - baseline for a share
         if m.difference:
             lo, hi = (0.0 - i.hi, 0.0 - i.lo) if m.higher_is_better else (i.lo, i.hi)  # 0.0 -: no "-0.00%"
         else:
             lo, hi = (1 / i.hi - 1, 1 / i.lo - 1) if m.higher_is_better else (i.lo - 1, i.hi - 1)
         if change - lo > tol:
-            allowed, source = change - lo, f"interval ({paired.ci:.0%}, paired)"
+            allowed, source = change - lo, f"interval ({paired_change.shown_ci:.2%}, paired, Holm)"
         verdict = "REGRESSED" if change > allowed else ("improved" if change < -tol and hi < 0 else "ok")
         return Check(enc, L, T, metric, bm, cm, change, allowed, source, verdict, lo=lo, hi=hi)
     if len(b) >= 2 and bm > 0:
@@ -233,6 +235,7 @@ def compare(baseline: dict, current: dict, tolerances: dict[str, Tolerance], def
         )
     bc, cc = _cells(baseline), _cells(current)
     paired = _paired(baseline, current)
+    changes = _paired_changes(paired, bc, cc)
     T = train_len(baseline["run"])
     checks: list[Check] = []
     b_rows = list(dict.fromkeys(k[0] for k in bc))
@@ -243,7 +246,7 @@ def compare(baseline: dict, current: dict, tolerances: dict[str, Tolerance], def
             continue
         for (e, L), b in bc.items():
             if e == enc:
-                checks += _cell_checks(enc, L, T, b, cc.get((enc, L)), tolerances.get(enc, default), paired)
+                checks += _cell_checks(enc, L, T, b, cc.get((enc, L)), tolerances.get(enc, default), changes)
     for enc in c_rows:
         if enc not in b_rows:
             checks.append(Check(enc, 0, T, "-", verdict="new",
@@ -252,7 +255,7 @@ def compare(baseline: dict, current: dict, tolerances: dict[str, Tolerance], def
 
 
 def _cell_checks(enc: str, L: int, T: int, b: dict[str, Seeds], c: Optional[dict[str, Seeds]], tol: Tolerance,
-                 paired: Optional[Intervals]) -> list[Check]:
+                 changes: dict) -> list[Check]:
     """The checks of one cell: each gated metric (``b``, ``c``: baseline and current, over seeds; the primary
     metric first), or what changed when it is missing now or not ok on either side."""
     if c is None:
@@ -272,7 +275,7 @@ def _cell_checks(enc: str, L: int, T: int, b: dict[str, Seeds], c: Optional[dict
         m, cs = metrics.get(name), c.get(name)
         if (L == T and not m.at_1x) or cs is None or not (bs.values and cs.values):
             continue
-        checks.append(_check(enc, L, T, name, bs.values, cs.values, (tol.of(m), tol.sigmas), paired))
+        checks.append(_check(enc, L, T, name, bs.values, cs.values, (tol.of(m), tol.sigmas), changes.get((enc, L, name))))
     return checks
 
 
@@ -294,6 +297,18 @@ def _notes(baseline: dict, current: dict, checks: list[Check], paired: Optional[
     if paired is None:
         notes.append("no per-unit numbers in both files: the seed-spread rule (gate.sigmas) applies")
     return notes
+
+
+def _paired_changes(paired: Optional[Intervals], bc: dict, cc: dict) -> dict:
+    """(row, length, metric) -> current against baseline, paired, for every gated cell both runs have: one family
+    corrected by Holm (a CI gate fails a build on a single false alarm, so the family-wise error is what it keeps
+    at 1 - level; each interval is then at the Bonferroni level 1 - (1 - level) / checks)."""
+    if paired is None:
+        return {}
+    keys = [(enc, L, name) for (enc, L), b in bc.items() if (enc, L) in cc for name in b if name in cc[enc, L]]
+    made = [paired.compare(name, f"current:{enc}", f"baseline:{enc}", L) for enc, L, name in keys]
+    _, adjusted = correct("every gated metric of every cell", made, paired.ci, HOLM)
+    return {k: c for k, c in zip(keys, adjusted) if c is not None}
 
 
 def _paired(baseline: dict, current: dict) -> Optional[Intervals]:

@@ -23,9 +23,9 @@ import torch  # noqa: E402
 from posenc_bench import encodings, metrics  # noqa: E402
 from posenc_bench.bench.rows import Row, select_rows  # noqa: E402
 from posenc_bench.errors import PosencError  # noqa: E402
-from posenc_bench.analysis.intervals import Intervals  # noqa: E402
+from posenc_bench.analysis.stats.intervals import Intervals  # noqa: E402
 from posenc_bench.analysis.captions import short_caption  # noqa: E402
-from posenc_bench.analysis.seeds import mean_std, over_seeds, with_value  # noqa: E402
+from posenc_bench.analysis.stats.seeds import mean_std, over_seeds, with_value  # noqa: E402
 from posenc_bench.analysis.tables import Run, is_task, kind_of, row_order, train_len  # noqa: E402
 
 FORMATS = ("png", "svg")
@@ -61,7 +61,7 @@ def _mean_by_length(records: list[dict], row: str, iv: Optional[Intervals] = Non
                     ) -> list[tuple[int, float, float, float]]:
     """(eval length, mean, error below, error above) of the metric ``value`` ("ppl", "ratio": ppl over the same
     row and seed's ppl at 1x, ...) over the seeds that are ok, for every length with at least one: the interval
-    (analysis/intervals.py) where ``iv`` has one, else mean ± std over seeds."""
+    (analysis/stats/intervals.py) where ``iv`` has one, else mean ± std over seeds."""
     records, key = with_value(records, metrics.get(value))
     out = []
     for L in sorted({r["eval_len"] for r in records if r["encoding"] == row}):

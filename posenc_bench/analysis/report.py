@@ -25,7 +25,7 @@ from posenc_bench import metrics
 from posenc_bench.analysis.captions import caption, scored_split
 from posenc_bench.analysis.context import CONTEXT_TABLES, context_title
 from posenc_bench.analysis import findings, robustness
-from posenc_bench.analysis.intervals import CI, Intervals
+from posenc_bench.analysis.stats.intervals import CI, Intervals
 from posenc_bench.analysis.tables import (Cell, ReportError, Run, Table, annotate, build_table, compare_table,
                                           kind_of, run_intervals)
 from posenc_bench.files import atomic_write_text
@@ -63,12 +63,12 @@ def parse_values(text: str | Sequence[str]) -> list[str]:
 
 
 def best_note(metric: metrics.Metric) -> str:
-    """What bold and ≈ mean in ``metric``'s table, when its marks rest on paired intervals."""
-    test = (f"difference excludes 0 and the difference is at least {metric.smallest * 100:g} percentage point"
-            if metric.difference else f"ratio excludes 1 and the difference is at least {metric.smallest:.1%}")
+    """What bold and ≈ mean in ``metric``'s table, when its marks rest on paired comparisons."""
+    effect = (f"{metric.smallest * 100:g} percentage point" if metric.difference else f"{metric.smallest:.1%}")
     extreme = "highest" if metric.higher_is_better else "lowest"
-    return (f"bold: best in its column and better than every other row (the paired interval of the {test}); ≈: tied "
-            f"for best (the {extreme} mean when it is not bold, and the rows not shown to differ from it)")
+    return (f"bold: best in its column and better than every other row (each paired comparison a finding after the "
+            f"correction for the table's comparisons, with an effect of at least {effect}); ≈: tied for best (the "
+            f"{extreme} mean when it is not bold, and the rows not shown to differ from it)")
 
 
 # ------------------------------------------------------------------------------------------- cell text
@@ -96,6 +96,9 @@ def cell_text(cell: Cell, digits: int, fmt: str = "md") -> str:
         text = f"{cell.mean:.{digits}f}"
         if cell.lo is not None and not cell.lo == cell.hi == cell.mean:  # no interval on 1.00 by definition
             text += f" [{cell.lo:.{digits}f}, {cell.hi:.{digits}f}]"
+        elif cell.spread is not None:  # no valid interval: the lowest and highest seed
+            lo, hi = (f"{v:.{digits}f}" for v in cell.spread)
+            text += " (every seed)" if lo == hi else f" ({lo}–{hi})"
         elif cell.std is not None:
             text += f" {pm} {cell.std:.{digits}f}"
         if cell.tied:
@@ -248,13 +251,14 @@ def render_robustness(runs: Sequence[Run], claims: Optional[Run] = None, *, ci: 
 
 
 def _best_note(table: Table, intervals: dict[str, Intervals], mark_best: bool) -> str:
-    if table.value == "compare" or not mark_best:
+    family = f"; {table.family.describe()}" if table.family is not None and table.family.size else ""
+    if table.value == "compare":
+        return family
+    if not mark_best or not any(c.best or c.tied for c in table.cells.values()):
         return ""
-    if any(c.best or c.tied for c in table.cells.values()):
-        if not any(iv.available for iv in intervals.values()):
-            return "; " + BEST_NOTE
-        return "; " + best_note(metrics.get(table.value))
-    return ""
+    if not any(iv.available for iv in intervals.values()):
+        return "; " + BEST_NOTE
+    return "; " + best_note(metrics.get(table.value)) + family
 
 
 def _long_rows(runs: Sequence[Run], tables: Sequence[Table]) -> list[dict]:

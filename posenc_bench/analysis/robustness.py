@@ -4,7 +4,7 @@ Each setting is one results folder of the same rows on the same corpus (a settin
 tokenizer's). From those files alone (``posenc-bench report SETTING... --robustness [--claims HEADLINE]``):
 
 - **the ratio table**: each row's ppl at its longest length over its own 1x, per setting, with the interval of
-  ``analysis/intervals.py`` (seed level with two seeds or more; the t quantile of k - 1 degrees of freedom makes
+  ``analysis/stats/intervals.py`` (seed level with two seeds or more; the t quantile of k - 1 degrees of freedom makes
   two seeds' intervals wide: 12.7 standard errors at 95%);
 - **context use**: each row's 1x loss over its first positions minus over the second half of its window, per
   setting (``analysis/context.py``), with the measure's noise scale there; a row below PLATEAU_MARGIN is flagged
@@ -40,7 +40,9 @@ from typing import Optional, Sequence
 
 from posenc_bench.analysis.context import PLATEAU_MARGIN, context_positions, context_use, late_spread, plateau_rows
 from posenc_bench.analysis.findings import Finding, run_findings
-from posenc_bench.analysis.intervals import CHECKPOINT, CI, MIN_EFFECT, Interval, Intervals, seed_values
+from posenc_bench.analysis.stats.estimate import CHECKPOINT, Comparison, Interval
+from posenc_bench.analysis.stats.family import correct
+from posenc_bench.analysis.stats.intervals import CI, Intervals, seed_values
 from posenc_bench.analysis.tables import Run, row_order, train_len
 
 HOLDS, REVERSED, SAME_WAY, OTHER_WAY, MISSING = "holds", "reversed", "same way, not shown", "other way, not shown", "n/a"
@@ -118,28 +120,41 @@ class Check:
         return f"{self.status}{one_seed} {self.got.value:.3f} [{self.got.lo:.3f}, {self.got.hi:.3f}]"
 
 
-def _check(setting: Setting, f: Finding, kind: str) -> Check:
-    """How claim ``f`` (of ``kind``: between | from_1x | extrapolation) fares in ``setting`` at the same multiple
-    of its train length."""
+def _measure(setting: Setting, f: Finding, kind: str) -> Optional[tuple[Comparison, bool, "object"]]:
+    """Claim ``f`` (of ``kind``: between | from_1x | extrapolation) in ``setting`` at the same multiple of its train
+    length: (the setting's comparison, whether the claim says "above 1", each seed's own value); None without
+    numbers."""
     length = round(f.length / f.train_len * setting.T)
     iv = setting.iv
     if kind == "from_1x":
-        got, level = iv.interval("ratio", f.better, length), iv.level(f.better, length)
-        if got is None:
-            return Check(MISSING)
-        want_up = f.comparison.interval.value > 1
-        up, shown = got.value > 1, got.excludes(1.0) and abs(got.value - 1) >= MIN_EFFECT
-        each = seed_values(iv, "ratio", f.better, length)
-    else:
-        value = "ppl" if kind == "between" else "ratio"
-        c = iv.compare(value, f.better, f.worse, length)
-        if c is None:
-            return Check(MISSING)
-        got, level, want_up, up, shown = c.interval, c.level, False, c.interval.value > 1, c.significant
-        each = seed_values(iv, value, f.better, length, f.worse)
+        e = iv.estimate("ratio", f.better, length)
+        if e is None:
+            return None
+        c = Comparison(e, iv.level(f.better, length), iv.seeds_measured(f.better, length), ci=iv.ci)
+        return c, f.comparison.value > 1, seed_values(iv, "ratio", f.better, length)
+    value = "ppl" if kind == "between" else "ratio"
+    c = iv.compare(value, f.better, f.worse, length)
+    if c is None:
+        return None
+    return c, False, seed_values(iv, value, f.better, length, f.worse)
+
+
+def _check(measured, c: Optional[Comparison]) -> Check:
+    """How a claim fares where it was measured (``_measure``), ``c`` its comparison after the family's correction."""
+    if measured is None:
+        return Check(MISSING)
+    _, want_up, each = measured
+    up = c.value > 1
     agree = int(((each > 1) == want_up).sum())  # each seed's own ratio on the whole text, the claim's way
-    status = (HOLDS if up == want_up else REVERSED) if shown else (SAME_WAY if up == want_up else OTHER_WAY)
-    return Check(status, got, level, agree, len(each))
+    status = (HOLDS if up == want_up else REVERSED) if c.significant else (SAME_WAY if up == want_up else OTHER_WAY)
+    return Check(status, c.interval, c.level, agree, len(each))
+
+
+def check(setting: Setting, f: Finding, kind: str) -> Check:
+    """How claim ``f`` fares in ``setting`` on its own (a family of one): the report corrects every claim in every
+    setting together instead (``_claims_block``)."""
+    measured = _measure(setting, f, kind)
+    return _check(measured, measured[0] if measured else None)
 
 
 def _claim_what(f: Finding, kind: str) -> str:
@@ -236,16 +251,21 @@ def _claims_block(claims: Setting, settings: list[Setting], rows: list[str]) -> 
              for f in found if f.length == claims.longest and f.better in keep and (not f.worse or f.worse in keep)]
     items.sort(key=lambda fk: (-fk[0].effect, _claim_text(*fk)))
     head = (f"Claims of {claims.label} at its longest length ({claims.longest // claims.T}x) between rows every "
-            f"setting holds, checked in each setting at the same multiple: *{HOLDS}* (its interval supports it), "
+            f"setting holds, checked in each setting at the same multiple: *{HOLDS}* (a finding there, after the "
+            "correction for every claim in every setting), "
             f"*{REVERSED}*, or not shown there and which way its estimate points. A setting with one seed of a row "
             "speaks for that checkpoint only, so a claim holds in every setting only at the seed level in each.\n")
     if not items:
         return head + "\n(no claim at that length)\n"
     table = ["| claim | " + " | ".join(s.label for s in settings) + " | in every setting |",
              "|---|" + "---|" * (len(settings) + 1)]
+    measured = [[_measure(s, f, kind) for s in settings] for f, kind in items]
+    family, adjusted = correct("every claim in every setting", [m[0] if m else None for ms in measured for m in ms],
+                               claims.iv.ci)
+    it = iter(adjusted)
     every, same_way, every_seed, reversed_ = 0, 0, 0, []
-    for f, kind in items:
-        checked = [_check(s, f, kind) for s in settings]
+    for (f, kind), ms in zip(items, measured):
+        checked = [_check(m, next(it)) for m in ms]
         holds = all(c.status == HOLDS and c.level != CHECKPOINT for c in checked)
         # the claim's way in every setting, but not shown at the seed level in some: a checkpoint's word, or
         # an interval too wide (few seeds) or an effect too small there
@@ -260,7 +280,8 @@ def _claims_block(claims: Setting, settings: list[Setting], rows: list[str]) -> 
                      + f" | {'yes' if holds else 'same way, every seed' if seeds_too else 'same way' if same else 'no'}"
                      + " |")
     which = f": {'; '.join(reversed_)}" if reversed_ else ""
-    return (head + f"\n{every} of {len(items)} claims hold in every setting; {same_way} more point the claim's way "
+    return (head + f"\n{family.describe().capitalize()} ({len(items)} claims x {len(settings)} settings; intervals at the "
+            f"false-coverage-adjusted level). {every} of {len(items)} claims hold in every setting; {same_way} more point the claim's way "
             "in every setting without being shown at the seed level in each (*same way* in the last column), "
             f"{every_seed} of them at every seed of every setting, each seed's own ratio on the whole text (*same "
             f"way, every seed*: a count, not an interval); {len(reversed_)} are reversed in at least one{which}."

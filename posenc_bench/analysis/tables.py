@@ -3,8 +3,8 @@
 One or several runs (``results.json`` each) become :class:`Table` s: rows are encoding rows, columns are (run,
 eval length), cells are :class:`Cell` s (mean over seeds, std, its interval, seeds, status, footnote, best in
 its column or tied with it). ``compare_table`` holds each row's ppl relative to a reference row with its
-paired interval. Numbers over seeds come from ``analysis/seeds.py``, intervals and significance from
-``analysis/intervals.py``; ``annotate`` adds the flags a reader needs beside the numbers (a row whose model
+paired interval. Numbers over seeds come from ``analysis/stats/seeds.py``, intervals and significance from
+``analysis/stats/intervals.py``; ``annotate`` adds the flags a reader needs beside the numbers (a row whose model
 does not use its context, few windows, text-only comparisons). Row order, column order and footnote numbering
 depend only on the results, so a regenerated table diffs cleanly. ``analysis/report.py`` renders them.
 """
@@ -19,8 +19,11 @@ from posenc_bench import metrics
 from posenc_bench.errors import PosencError
 from posenc_bench.bench.records import read_results
 from posenc_bench.analysis.context import plateau_note
-from posenc_bench.analysis.intervals import CHECKPOINT, CI, MIN_SEEDS, MIN_WINDOWS, Intervals
-from posenc_bench.analysis.seeds import mean_std, over_seeds, with_value
+from posenc_bench.analysis.stats.estimate import CHECKPOINT
+from posenc_bench.analysis.stats.family import Family, correct
+from posenc_bench.analysis.stats.intervals import CI, MIN_SEEDS, MIN_WINDOWS, Intervals
+from posenc_bench.analysis.stats.seeds import mean_std, over_seeds, with_value
+
 CHECKPOINT_NOTE = (f"† this checkpoint: fewer than {MIN_SEEDS} seeds in common, so the interval covers the text only and "
                    "describes these trained models, not their recipe; another seed can move a model by more")
 ONE_SEED_NOTE = ("one seed: every interval and mark in this table is about this checkpoint (these trained models on "
@@ -45,11 +48,12 @@ class Cell:
     reason: str = ""  # of the first seed that is not ok
     note: str = ""  # footnote mark, e.g. "[1]"
     best: bool = False
-    lo: float | None = None  # the interval (analysis/intervals.py); None without per-unit numbers
+    lo: float | None = None  # the interval (analysis/stats/intervals.py); None without per-unit numbers
     hi: float | None = None
     tied: bool = False  # with the best of its column: the interval of the ratio to it includes 1
     significant: Optional[bool] = None  # best: better than every other row; other rows: differs from the best
     checkpoint: bool = False  # its mark rests on a comparison of one seed: about this checkpoint (shown †)
+    spread: Optional[tuple[float, float]] = None  # (lowest, highest seed) where no interval is valid (a task)
 
 
 @dataclass
@@ -73,6 +77,7 @@ class Table:
     digits: int = 2
     row_notes: dict[str, str] = field(default_factory=dict)  # row -> footnote mark on its name (the plateau flag)
     notes: list[str] = field(default_factory=list)  # footnote lines of the table as a whole
+    family: Optional[Family] = None  # the comparisons its marks rest on, corrected together
 
 
 # ----------------------------------------------------------------------------------------------- the runs
@@ -162,8 +167,12 @@ def build_table(runs: Sequence[Run], value: str, *, digits: int = 2, mark_best: 
             if cell.reason:
                 cell.note = notes.setdefault(cell.reason, f"[{len(notes) + 1}]")
             iv = intervals.get(columns[j].run)
-            if cell.status == "ok" and iv is not None and (i := iv.interval(value, row, columns[j].eval_len)):
-                cell.lo, cell.hi = i.lo, i.hi
+            if cell.status == "ok" and iv is not None and iv.available:
+                if (i := iv.interval(value, row, columns[j].eval_len)) is not None:
+                    cell.mean, cell.lo, cell.hi = i.value, i.lo, i.hi  # the estimate the interval is about
+                elif cell.seeds_ok >= MIN_SEEDS:  # no valid interval (a task over seeds): the seeds' range
+                    g = [float(x) for x in over_seeds(group, key).values]
+                    cell.spread, cell.std = (min(g), max(g)), None
             table.cells[row, j] = cell
     if mark_best:
         _mark_best(table, intervals)
@@ -171,12 +180,13 @@ def build_table(runs: Sequence[Run], value: str, *, digits: int = 2, mark_best: 
 
 
 def _mark_best(table: Table, intervals: dict[str, Intervals]) -> None:
-    """In each column, the lowest mean. With intervals it is bold only when it is significantly better than
-    every other row (the paired interval of each row's ratio to it excludes 1, by at least MIN_EFFECT);
-    otherwise it and the rows whose difference from it is not significant are marked tied (for best). A mark that rests on a comparison of one
-    seed is about this checkpoint (``Cell.checkpoint``). Without intervals (older results) the lowest mean at
-    the printed precision is bold. Never in a ratio table's 1x column (all 1.00 by definition), nor in a
-    column with fewer than two numbers."""
+    """In each column, the best mean. With intervals it is bold only when it is a finding against every other row
+    (each row compared with it, the table's comparisons corrected together by Benjamini-Hochberg: ``Table.family``);
+    otherwise it and the rows not shown to differ from it are marked tied (for best). A mark that rests on a
+    comparison of one seed is about this checkpoint (``Cell.checkpoint``). Without intervals (older results) the
+    best mean at the printed precision is bold. Never in a ratio table's 1x column (all 1.00 by definition), nor in
+    a column with fewer than two numbers."""
+    pending = []  # (column, best row, {row: comparison})
     for j, col in enumerate(table.columns):
         if table.value == "ratio" and col.eval_len == col.train_len:
             continue
@@ -191,11 +201,18 @@ def _mark_best(table: Table, intervals: dict[str, Intervals]) -> None:
                 table.cells[row, j].best = round(v, table.digits) == best
             continue
         best = pick(shown, key=shown.get)
-        comparisons = {row: iv.compare(table.value, row, best, col.eval_len) for row in shown if row != best}
+        pending.append((j, best, {row: iv.compare(table.value, row, best, col.eval_len) for row in shown
+                                  if row != best}))
+    flat = [c for _, _, cs in pending for c in cs.values()]
+    table.family, adjusted = correct("each row against the best of its column", flat, CI if not intervals else
+                                     next(iter(intervals.values())).ci)
+    it = iter(adjusted)
+    for j, best, cs in pending:
+        comparisons = {row: next(it) for row in cs}
         for row, c in comparisons.items():
             cell = table.cells[row, j]
             cell.significant = None if c is None else c.significant
-            cell.tied = cell.significant is False
+            cell.tied = cell.significant is False and c.possible  # a test that could not decide ties nothing
             cell.checkpoint = cell.tied and c.level == CHECKPOINT
         top = table.cells[best, j]
         top.significant = top.best = all(c is not None and c.significant for c in comparisons.values())
@@ -216,16 +233,23 @@ def compare_table(runs: Sequence[Run], ref: str, intervals: dict[str, Intervals]
     kinds = {kind_of(run).name: kind_of(run) for run in runs}
     value = value or (next(iter(kinds.values())).primary if len(kinds) == 1 else "ppl")
     table = Table("compare", metrics.get(value).compare_title.format(ref=ref), rows, columns, digits=digits)
+    made = {}
     for row in rows:
         for j, col in enumerate(columns):
             iv = intervals.get(col.run)
-            c = iv.compare(value, row, ref, col.eval_len) if iv is not None else None
-            if c is None:
-                table.cells[row, j] = Cell()
-                continue
-            table.cells[row, j] = Cell("ok", c.interval.value, lo=c.interval.lo, hi=c.interval.hi,
-                                       significant=c.significant, note="*" if c.significant else "",
-                                       checkpoint=c.level == CHECKPOINT)
+            made[row, j] = iv.compare(value, row, ref, col.eval_len) if iv is not None else None
+    ci = next(iter(intervals.values())).ci if intervals else CI
+    table.family, adjusted = correct(f"every row against {ref} at every length",  # the reference itself is no member
+                                     [c if row != ref else None for (row, _), c in made.items()], ci)
+    for (row, j), c in zip(made, adjusted):
+        c = made[row, j] if row == ref else c
+        if c is None:
+            table.cells[row, j] = Cell()
+            continue
+        i = c.estimate.interval(ci, c.bounds)  # the table's level: the mark says what survives the correction
+        lo, hi = (i.lo, i.hi) if i is not None else (None, None)
+        table.cells[row, j] = Cell("ok", c.value, lo=lo, hi=hi, significant=c.significant,
+                                   note="*" if c.significant else "", checkpoint=c.level == CHECKPOINT)
     table.rows = [r for r in rows if any(table.cells[r, j].status == "ok" for j in range(len(columns)))]
     return table
 

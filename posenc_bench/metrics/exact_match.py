@@ -14,15 +14,15 @@ TASK = register_kind(Kind("accuracy", primary="accuracy", tables=("accuracy", "t
 
 
 def _compare_title(what: str) -> str:
-    return (f"{what} minus {{ref}}'s at the same size (paired by instance and seed); *: the interval excludes 0 and "
-            f"the difference is at least {MIN_POINTS * 100:g} percentage point")
+    return (f"{what} minus {{ref}}'s at the same size (paired by instance and seed); *: a finding after the correction "
+            f"for the table's comparisons, the difference at least {MIN_POINTS * 100:g} percentage point")
 
 
 ACCURACY = register(Metric(
     "accuracy", kind="accuracy",
     title="Exact match: the share of test instances whose every answer token is the model's argmax (higher is "
           "better; columns: instance size as a multiple of the train size)",
-    higher_is_better=True, difference=True, units=("correct",), formula=lambda s: s["correct"] / s["count"],
+    higher_is_better=True, difference=True, units=("correct",), formula=lambda s: s["correct"] / s["count"], counts="correct",
     bounds=SHARE, gate_tolerance="acc_tol", tolerance=0.05, compare_title=_compare_title("Exact match"),
     plot=("Exact match against instance size (the same test instances for every row). Bands: each row's own "
           "{ci} interval;\nthe paired comparisons are the table's (report --findings)",

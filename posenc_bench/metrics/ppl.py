@@ -20,8 +20,8 @@ PPL = register(Metric(
     title="Perplexity (lower is better; columns: eval length as a multiple of the train length)",
     units=("nll", "tokens"), formula=lambda s: np.exp(s["nll"] / s["tokens"]),
     gate_tolerance="ppl_tol",
-    compare_title=(f"Perplexity relative to {{ref}} at the same length (paired); *: the interval excludes 1 and the "
-                   f"difference is at least {MIN_EFFECT:.1%}"),
+    compare_title=(f"Perplexity relative to {{ref}} at the same length (paired; the geometric mean over seeds); *: a "
+                   f"finding after the correction for the table's comparisons, the difference at least {MIN_EFFECT:.1%}"),
     plot=("Perplexity against eval length (same target tokens at every length). Bands: each row's own {ci} "
           "interval, unpaired:\noverlapping bands can still differ; the paired comparisons are the table's "
           "(report --compare, --findings)", "perplexity (lower is better)", "ppl_vs_length"),

@@ -11,7 +11,7 @@ Each module of this package registers its metrics when imported (``MODULES`` fir
 other module of the package by name, so a new metric is its file and its test); a plugin registers more from
 its own package through the entry-point group ``posenc_bench.metrics`` (each entry point names a module that
 calls :func:`register` when imported), so adding a metric touches one file and its test, never the tables,
-findings, plots or gate. ``analysis/intervals.py`` draws every metric of a kind from the same bootstrap of the
+findings, plots or gate. ``analysis/stats/intervals.py`` draws every metric of a kind from the same bootstrap of the
 units, so a new metric gets its seed-level and text-level intervals with no code of its own.
 """
 
@@ -75,6 +75,7 @@ class Metric:
     compare_title: str = ""  # ``report --compare``'s title, with {ref}
     plot: Optional[tuple[str, str, str]] = None  # (figure title with {ci}, y label, file stem); None: no figure
     at_1x: bool = True  # compared at the train length too (a ratio to 1x is 1 there by definition)
+    counts: Optional[str] = None  # the unit field of 0/1 successes (one per instance) that makes a share binomial
 
     @property
     def null(self) -> float:

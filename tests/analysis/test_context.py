@@ -56,13 +56,15 @@ def test_training_table_is_the_mean_over_seeds_that_the_plateau_flag_reads():
     assert t.loc["learned", "train loss @ step 40"] == "1.500"
     assert t.loc["learned", "1x loss, positions 0-7"] == "2.100"  # seed 0 alone: 2.000
     assert t.loc["learned", "1x loss, positions 50-99"] == "2.040"
-    # the mean gains 0.06 nats: not flagged, though seed 0 alone (0.03) would be
-    assert not on_plateau(recs, "learned") and on_plateau(recs[:1], "learned")
+    # the mean gains 0.06 nats, but seed 0 alone gains 0.03: the flag is per seed, so seed 0 is flagged
+    assert on_plateau(recs, "learned") and on_plateau(recs[:1], "learned") and not on_plateau(recs[1:], "learned")
     flagged = render([Run("", "", results(["learned"], recs[:1]))], values=["ppl"])
     assert "| learned [1] |" in flagged and (
-        "[1] uses only local context: at 1x its loss over positions 50-99 is not 0.05 nats below its loss over "
-        "positions 0-7, so its extrapolation numbers say little about the encoding") in flagged
-    assert "[1]" not in render([Run("", "", results(["learned"], recs))], values=["ppl"])
+        "[1] uses only local context on its one seed: at 1x its loss over positions 50-99 is not 0.05 nats below its "
+        "loss over positions 0-7, so on it its extrapolation numbers say little about the encoding") in flagged
+    assert "[1] uses only local context on seed 0 of 2:" in render([Run("", "", results(["learned"], recs))],
+                                                                     values=["ppl"])
+    assert "[1]" not in render([Run("", "", results(["learned"], recs[1:]))], values=["ppl"])
 
 
 def test_plateau_rows_and_their_note():
@@ -70,7 +72,8 @@ def test_plateau_rows_and_their_note():
             rec("alibi", 0, 100, 5.0)]  # alibi: no loss by position, nothing to judge by
     assert plateau_rows(recs) == ["nope"]
     assert plateau_note(recs, "rope") is None and plateau_note(recs, "alibi") is None
-    assert plateau_note(recs, "nope").startswith("uses only local context: at 1x its loss over positions 50-99")
+    assert plateau_note(recs, "nope").startswith("uses only local context on its one seed: at 1x its loss over "
+                                                 "positions 50-99")
     assert training_table([rec("bad", 0, 100, None, "diverged")]).loc["bad", "status"] == "diverged (seed 0)"
 
 

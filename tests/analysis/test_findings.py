@@ -7,7 +7,7 @@ import numpy as np
 
 from tests.analysis.fake_results import unit_results
 from posenc_bench.analysis import findings
-from posenc_bench.analysis.intervals import CHECKPOINT, METHOD, Intervals
+from posenc_bench.analysis.stats.intervals import CHECKPOINT, METHOD, Intervals
 from posenc_bench.analysis.tables import Run
 
 
@@ -46,8 +46,9 @@ def test_the_markdown_groups_by_pair_strongest_first_and_names_the_level():
     fs, _ = _findings(unit_results(seeds=(0, 1, 2)))
     text = findings.markdown([fs], 0.95)
     lines = [line for line in text.splitlines() if line.startswith("- ")]
-    assert text.startswith(f"{len(fs.between) + len(fs.from_1x) + len(fs.extrapolation)} of {fs.made} comparisons "
-                           "hold at 95%")
+    n = len(fs.between) + len(fs.from_1x) + len(fs.extrapolation)
+    assert text.startswith(f"family: {findings.FAMILY}, {fs.made} comparisons; Benjamini-Hochberg at 5% (false "
+                           f"discovery rate): {n} hold") and fs.family.size == fs.made
     assert "every one is method-level (over the training seeds)" in text
     pairs = {}
     for f in fs.between:
@@ -76,7 +77,7 @@ def test_a_folder_without_differences_says_none():
     fs, _ = _findings(data)
     out = findings.markdown([fs], 0.95)
     assert fs.between == [] and fs.from_1x == [] and fs.extrapolation == [] and out.count("- none") == 3
-    assert out.startswith(f"0 of {fs.made} comparisons hold")
+    assert out.startswith(f"family: {findings.FAMILY}, {fs.made} comparisons") and ": 0 hold" in out
 
 
 def test_a_task_runs_findings_are_differences_of_exact_match_with_the_more_accurate_row_first():
@@ -92,4 +93,4 @@ def test_a_task_runs_findings_are_differences_of_exact_match_with_the_more_accur
     (f,) = fs.between
     assert (f.better, f.worse, f.length) == ("alibi", "rope", 100) and f.comparison.interval.value == 0.25
     text = findings.markdown([fs], 0.95)
-    assert "A - B of exact match" in text and "- alibi > rope: 1x 0.250 [" in text and "Against its own 1x" not in text
+    assert "A - B of exact match" in text and "- alibi > rope: 1x 0.250 (p 0.0039, 1 seed)" in text and "Against its own 1x" not in text

@@ -135,7 +135,7 @@ def test_plot_rows_selects_like_run_encodings(tmp_path, capsys):
 def test_each_row_with_an_interval_gets_a_band_that_spans_it(tmp_path, monkeypatch):
     from matplotlib.collections import PolyCollection
 
-    from posenc_bench.analysis.intervals import Intervals
+    from posenc_bench.analysis.stats.intervals import Intervals
 
     figures = []
     monkeypatch.setattr(plots, "save", lambda fig, out, stem, formats: figures.append(fig) or [])

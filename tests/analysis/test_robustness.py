@@ -54,12 +54,12 @@ def test_each_claim_holds_reverses_or_is_not_shown_in_each_setting(tmp_path):
     settings = [robustness.Setting.of(r, 0.95) for r in runs]
     found = run_findings(runs[0], settings[0].iv)
     claim = next(f for f in found.extrapolation if (f.better, f.worse, f.length) == ("a", "c", 400))
-    assert robustness._check(settings[1], claim, "extrapolation").status == robustness.HOLDS
-    assert robustness._check(settings[2], claim, "extrapolation").status == robustness.REVERSED
-    check = robustness._check(settings[3], claim, "extrapolation")
+    assert robustness.check(settings[1], claim, "extrapolation").status == robustness.HOLDS
+    assert robustness.check(settings[2], claim, "extrapolation").status == robustness.REVERSED
+    check = robustness.check(settings[3], claim, "extrapolation")
     assert check.status == robustness.SAME_WAY and check.got.lo < 1 < check.got.hi  # two seeds that disagree: not shown
     assert (check.seeds_agree, check.seeds, check.every_seed) == (1, 2, False)  # seed 1: a 1.10 against c 1.02
-    assert robustness._check(settings[1], claim, "extrapolation").every_seed  # three seeds, each a < c
+    assert robustness.check(settings[1], claim, "extrapolation").every_seed  # three seeds, each a < c
     text = robustness.markdown(runs)
     assert "| a | 1.16 [" in text and "| c | 2.4" in text  # ppl ratios: exp(0.1 x loss 1.5), exp(0.6 x 1.5)
     a_bpb = next(ln for ln in text.splitlines() if ln.startswith("| a | ") and "->" in ln)
@@ -141,7 +141,7 @@ def test_a_setting_with_one_seed_speaks_for_its_checkpoint_and_no_claim_holds_ev
     settings = [robustness.Setting.of(r, 0.95) for r in runs]
     claim = next(f for f in run_findings(runs[0], settings[0].iv).extrapolation
                  if (f.better, f.worse, f.length) == ("a", "c", 400))
-    check = robustness._check(settings[1], claim, "extrapolation")
+    check = robustness.check(settings[1], claim, "extrapolation")
     assert check.status == robustness.HOLDS and check.cell().startswith("holds (this checkpoint) 0.")
     text = robustness.markdown(runs)
     line = next(ln for ln in text.splitlines() if ln.startswith("| a < c (ratio to 1x)"))

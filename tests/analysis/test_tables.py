@@ -132,7 +132,7 @@ def test_compare_table_and_its_marks(tmp_path, capsys):
     folder = write(tmp_path / "run", unit_results())
     assert main(["report", str(folder), "--compare", "rope", "--value", "ppl"]) == 0
     out = capsys.readouterr().out
-    assert "Perplexity relative to rope at the same length (paired); *: the interval excludes 1" in out
+    assert "Perplexity relative to rope at the same length (paired; the geometric mean over seeds); *: a finding after" in out
     lines = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
     assert " 1.000 |" in lines["rope"] and " 1.000 |" in lines["rope-ntk"]
     runs = [Run("", "", unit_results())]

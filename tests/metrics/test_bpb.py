@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from posenc_bench import metrics
-from posenc_bench.analysis.intervals import Intervals
+from posenc_bench.analysis.stats.intervals import Intervals
 from tests.analysis.fake_results import unit_results
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from posenc_bench import metrics
-from posenc_bench.analysis.intervals import Intervals, seed_values
+from posenc_bench.analysis.stats.intervals import Intervals, seed_values
 from tests.analysis.fake_results import unit_results
 
 

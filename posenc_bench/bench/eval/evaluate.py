@@ -16,7 +16,7 @@
    bpb = sum NLL / ln 2 / bytes of text behind the targets (BOS targets mark document starts, 0 bytes; with
    another tokenizer, ``token_bytes`` gives each token's UTF-8 bytes: our BPE's table, ``tokenizer.py``, or a
    Hugging Face tokenizer's offsets, ``hf/tokenize.py``).
-5. For intervals (``analysis/intervals.py``) each result also keeps the NLL sum, target count and byte count of
+5. For intervals (``analysis/stats/intervals.py``) each result also keeps the NLL sum, target count and byte count of
    every resampling unit: consecutive blocks of ``Scoring.unit`` targets (the run's longest eval length) within
    each segment, numbered segment by segment. A unit is a set of target positions, so it is the same text at
    every length and for every row of a run; at the longest length it is exactly one window (its own context),

@@ -6,8 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from posenc_bench.analysis.intervals import (CHECKPOINT, METHOD, MIN_EFFECT, MIN_SEEDS, Intervals, t_cdf,
-                                            t_quantile)
+from posenc_bench.metrics import MIN_EFFECT
+from posenc_bench.analysis.stats.distributions import t_cdf, t_quantile
+from posenc_bench.analysis.stats.intervals import CHECKPOINT, METHOD, MIN_SEEDS, Intervals
 
 TOKENS = 1000  # targets per unit in the synthetic data
 
@@ -73,10 +74,12 @@ def test_coverage_of_ppl_and_of_a_paired_ratio():
     cover_ratio = np.mean([r.lo <= math.exp(delta) <= r.hi for r in ratio])
     assert abs(cover_ppl - 0.95) < 0.03, cover_ppl
     assert abs(cover_ratio - 0.95) < 0.03, cover_ratio
-    # pairing is what makes the ratio sharp: the unpaired interval of the same ratio is several times wider
+    # pairing is what makes the ratio sharp: two rows' own intervals, combined as if independent, are several times
+    # wider on the log scale than the paired interval of their ratio
     paired = iv.compare("ppl", "b0", "a0", 128).interval
-    unpaired = iv.compare("ppl", "b0", "a0", 128, paired=False).interval
-    assert (unpaired.hi - unpaired.lo) > 3 * (paired.hi - paired.lo)
+    a, b = iv.interval("ppl", "a0", 128), iv.interval("ppl", "b0", 128)
+    unpaired = math.hypot(math.log(a.hi / a.lo), math.log(b.hi / b.lo))
+    assert unpaired > 3 * math.log(paired.hi / paired.lo)
 
 
 def test_four_times_the_units_halves_the_width():
@@ -112,17 +115,23 @@ def test_seed_spread_widens_the_interval_and_one_seed_is_about_this_checkpoint()
 
 def test_the_seed_level_is_a_t_interval_over_per_seed_values_plus_the_text():
     """Per-seed ratios 1.0071, 1.0114, 1.0023 with no text spread (every unit the same ratio): the interval is
-    the t-interval of those three values, df 2, as in the worked example of the docs."""
+    the t-interval of those three values' logs, df 2, exponentiated, as in the worked example of the docs; and
+    naming the rows the other way round gives the reciprocal estimate and bounds and the same p-value."""
     recs = []
     for s, r in enumerate([1.0071, 1.0114, 1.0023]):
         base = np.full(20, 1500.0)
         recs += [_rec("a", s, 128, base), _rec("b", s, 128, base + TOKENS * math.log(r))]
     c = Intervals(recs).compare("ppl", "b", "a", 128)
-    values = np.array([1.0071, 1.0114, 1.0023])
-    half = t_quantile(0.975, 2) * values.std(ddof=1) / math.sqrt(3)
-    assert c.interval.value == pytest.approx(values.mean(), rel=1e-9)
-    assert (c.interval.lo, c.interval.hi) == pytest.approx((values.mean() - half, values.mean() + half), rel=1e-9)
+    logs = np.log([1.0071, 1.0114, 1.0023])
+    half = t_quantile(0.975, 2) * logs.std(ddof=1) / math.sqrt(3)
+    assert c.interval.value == pytest.approx(math.exp(logs.mean()), rel=1e-9)
+    assert (c.interval.lo, c.interval.hi) == pytest.approx((math.exp(logs.mean() - half), math.exp(logs.mean() + half)),
+                                                           rel=1e-9)
     assert c.interval.lo < 1 < c.interval.hi and not c.significant
+    assert c.p == pytest.approx(2 * (1 - t_cdf(logs.mean() / (logs.std(ddof=1) / math.sqrt(3)), 2)), rel=1e-3)
+    back = Intervals(recs).compare("ppl", "a", "b", 128)
+    assert (back.value, back.interval.lo, back.interval.hi) == pytest.approx(
+        (1 / c.value, 1 / c.interval.hi, 1 / c.interval.lo), rel=1e-12) and back.p == pytest.approx(c.p, rel=1e-12)
 
 
 def test_t_quantiles_and_the_minimum_effect():
@@ -153,7 +162,7 @@ def test_a_row_with_fewer_seeds_than_the_folder_is_compared_about_this_checkpoin
     assert [iv.level(r, 128) for r in "abc"] == [METHOD, METHOD, CHECKPOINT]
     for row, ref in (("c", "a"), ("a", "c")):
         assert iv.compare("ppl", row, ref, 128).level == CHECKPOINT
-    assert "rows with one seed" in iv.describe() and "t-intervals over the 3 training seeds" in iv.describe()
+    assert "rows with one seed" in iv.describe() and "t over the 3 training seeds" in iv.describe()
     assert "one seed" not in Intervals([r for r in recs if r["encoding"] != "c"]).describe()
 
 
@@ -187,9 +196,11 @@ def test_one_unit_gives_no_interval_rather_than_a_zero_width_one():
     assert iv.interval("ppl", "a", 128) is None
 
 
-def test_a_task_runs_accuracy_is_the_share_of_instances_and_rows_compare_by_difference():
-    """Exact match per seed is the mean of the instances' 0/1; rows are compared by A - B, paired by instance and
-    seed; with one seed the interval is the instances' bootstrap (this checkpoint)."""
+def test_a_task_runs_accuracy_is_the_share_of_instances_and_rows_compare_by_exact_tests():
+    """Exact match per seed is the mean of the instances' 0/1; over seeds no interval is printed (bimodal seeds)
+    and rows are compared by the exact sign-flip test of their paired seeds, which at 3 seeds cannot go below
+    p = 0.25 (no finding possible); with one seed the row has its exact binomial interval and two rows compare by
+    McNemar's exact test on the same instances (this checkpoint)."""
     from tests.analysis.fake_results import arec
 
     rng = np.random.default_rng(1)
@@ -199,31 +210,43 @@ def test_a_task_runs_accuracy_is_the_share_of_instances_and_rows_compare_by_diff
     recs = [arec("rope", s, 100, hard.astype(int).tolist()) for s in (0, 1, 2)]
     recs += [arec("alibi", s, 100, more.astype(int).tolist()) for s in (0, 1, 2)]
     iv = Intervals(recs)
-    assert iv.metric == "accuracy" and iv.windows(100) == 60 and "60 test instances" in iv.describe()
-    assert iv.interval("accuracy", "rope", 100).value == pytest.approx(hard.mean())
-    assert iv.interval("token_accuracy", "rope", 100).value == pytest.approx((4 * hard.sum() + 2 * (~hard).sum()) / 240)
+    assert iv.metric == "accuracy" and iv.windows(100) == 60 and "sign-flip" in iv.describe()
+    assert iv.interval("accuracy", "rope", 100) is None  # declined: no interval over few seeds holds for every shape
+    assert iv.estimate("accuracy", "rope", 100).value == pytest.approx(hard.mean())
+    assert iv.estimate("token_accuracy", "rope", 100).value == pytest.approx((4 * hard.sum() + 2 * (~hard).sum()) / 240)
     c = iv.compare("accuracy", "alibi", "rope", 100)
-    assert c.null == 0 and c.interval.value == pytest.approx(12 / 60) and c.significant and c.level == METHOD
-    assert c.interval.lo == pytest.approx(c.interval.hi - 2 * (c.interval.hi - c.interval.value))  # seeds agree: text only
-    one = Intervals([r for r in recs if r["seed"] == 0]).compare("accuracy", "alibi", "rope", 100)
-    assert one.level == CHECKPOINT and one.interval.lo > 0.05  # 12 of 60 instances, every one the same way
+    assert c.null == 0 and c.value == pytest.approx(12 / 60) and c.level == METHOD
+    assert c.p == 0.25 and not c.significant and c.note == "no finding possible at 3 seeds"  # 2 / 2^3
+    one_iv = Intervals([r for r in recs if r["seed"] == 0])
+    one = one_iv.compare("accuracy", "alibi", "rope", 100)
+    assert one.level == CHECKPOINT and one.p == pytest.approx(2 * 0.5 ** 12) and one.significant  # 12 of 12 discordant
+    lo, hi = (one_iv.interval("accuracy", "rope", 100).lo, one_iv.interval("accuracy", "rope", 100).hi)
+    assert lo < hard.mean() < hi and hi - lo > 0.2  # Clopper-Pearson on 60 instances
     same = Intervals(recs).compare("accuracy", "rope", "rope", 100)
-    assert same.interval.value == 0 and not same.significant
+    assert same.value == 0 and same.p == 1 and not same.significant
 
 
-def test_a_share_and_a_difference_of_shares_keep_their_intervals_within_their_range():
-    """Three seeds that disagree (one learned the task, two did not) give a t-interval wider than the share can
-    be: exact match is kept within [0, 1], a difference of two rows' within [-1, 1], the mean untouched, and
-    what the interval says about 0 unchanged."""
+def test_six_seeds_can_make_a_task_finding_and_the_p_value_is_exact():
+    """Six seeds that all point the same way: p = 2 / 2^6 = 0.03125; one seed the other way: p = 0.25 (the
+    sign-flip distribution of these differences)."""
     from tests.analysis.fake_results import arec
 
     ones, zeros = [1] * 40, [0] * 40
-    recs = [arec("rope", s, 100, c) for s, c in ((0, ones), (1, ones), (2, ones[:36] + zeros[:4]))]
-    recs += [arec("alibi", s, 100, c) for s, c in ((0, zeros), (1, zeros), (2, ones))]
-    iv = Intervals(recs)
+    recs = [arec("rope", s, 100, ones) for s in range(6)] + [arec("alibi", s, 100, zeros) for s in range(6)]
+    c = Intervals(recs).compare("accuracy", "rope", "alibi", 100)
+    assert c.p == pytest.approx(2 / 64) and c.significant and not c.note
+    recs[-1] = arec("alibi", 5, 100, [1] * 40 + [])  # alibi's seed 5 learned: a difference of 0 on that seed
+    c = Intervals(recs).compare("accuracy", "rope", "alibi", 100)
+    assert c.p == pytest.approx(2 / 32)  # 5 seeds that differ, all one way: 2 / 2^5
+
+
+def test_a_share_keeps_its_interval_within_its_range():
+    """One seed that got 36 of 40: its exact (Clopper-Pearson) interval lies within [0, 1] and holds the share;
+    a row with every instance right reaches 1 exactly."""
+    from tests.analysis.fake_results import arec
+
+    ones, zeros = [1] * 40, [0] * 40
+    iv = Intervals([arec("rope", 0, 100, ones[:36] + zeros[:4]), arec("alibi", 0, 100, ones)])
     rope, alibi = iv.interval("accuracy", "rope", 100), iv.interval("accuracy", "alibi", 100)
-    assert rope.value == pytest.approx(116 / 120) and rope.hi == 1.0 and 0.8 < rope.lo < rope.value
-    assert alibi.value == pytest.approx(1 / 3) and (alibi.lo, alibi.hi) == (0.0, 1.0)
-    d = iv.compare("accuracy", "rope", "alibi", 100)
-    assert d.interval.value == pytest.approx(116 / 120 - 1 / 3) and d.interval.hi == 1.0 and d.interval.lo < 0
-    assert not d.significant  # the seeds disagree: no finding, as before the bounds
+    assert rope.value == pytest.approx(0.9) and 0.76 < rope.lo < 0.77 and 0.97 < rope.hi < 0.98
+    assert alibi.hi == 1.0 and alibi.lo == pytest.approx(0.025 ** (1 / 40), rel=1e-6)

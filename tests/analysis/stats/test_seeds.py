@@ -6,7 +6,7 @@ import math
 import pytest
 
 from tests.analysis.fake_results import RECORDS, rec, results
-from posenc_bench.analysis.seeds import RATIO, mean_std, over_seeds, ratios_to_1x, with_ratio_to_1x
+from posenc_bench.analysis.stats.seeds import RATIO, mean_std, over_seeds, ratios_to_1x, with_ratio_to_1x
 
 
 def test_mean_and_sample_std_with_one_and_several_seeds():
