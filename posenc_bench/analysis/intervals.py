@@ -304,7 +304,7 @@ def _draws(records: list[dict], iv: Intervals, label, draws: int, seed: int
     of one kind: the units' fields summed with the same bootstrap weights for every row, seed and length (the
     text's shared fields once), and each registered metric of the kind computed from those sums."""
     units = next(r["units"] for r in records if r.get("units"))
-    own = [k for k in units if k != "size" and k not in iv.kind.shared_units]  # fields of each record
+    own = [k for k in units if k not in ("size", "doc") and k not in iv.kind.shared_units]  # fields of each record
     R, S, L, n = len(iv.rows), len(iv.seeds), len(iv.lengths), len(units[own[0]])
     arrays = {k: np.full((R, S, L, n), np.nan) for k in own}  # (rows, seeds, lengths, units); NaN: no number
     for r in records:
