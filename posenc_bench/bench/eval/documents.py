@@ -8,7 +8,8 @@ evaluating anything:
 1. the eval text is rebuilt from the run's own metadata: our models' from the run's config (corpus, split,
    tokenizer, windows, lengths, eval tokens: ``EvalSet.for_run``, as the run built it); a Hugging Face model's
    through its tokenizer alone (no weights, no forward: ``pretrained.hf_text``, with the separator the run
-   recorded);
+   recorded). results/smollm2 and timing-gpu/smollm2 got theirs this way, rebuilt rather than derived from
+   their metadata (whose ``eval_documents`` was only a count, 1);
 2. the rebuilt text must be the records': its eval fingerprint the run's ``eval_fingerprint``, its unit size
    and count the records', its documents the run's ``eval_documents`` where it has them; else
    ``DocumentsError`` ("rebuilt eval text differs from the records': ...") and nothing is written;
@@ -34,6 +35,7 @@ from typing import Optional
 
 import torch
 
+from posenc_bench.bench.eval.evaluate import EvalSet, unit_documents
 from posenc_bench.bench.records import ResultsError, ResultsFolder, read_results
 from posenc_bench.files import atomic_write_json
 
@@ -86,21 +88,32 @@ def backfill(folder: Path | str, *, model: Optional[str] = None, from_metadata: 
     eval's model is when the one it recorded is not on this machine (``hf:<folder or .gguf>``)."""
     path = Path(folder)
     path = path / "results.json" if path.is_dir() or not path.suffix else path
-    read_results(path)  # a clear error before the lock creates anything
+    nothing = _nothing_to_do(path, read_results(path))  # a folder with nothing to do is not even locked
+    if nothing is not None:
+        return nothing
     with ResultsFolder(path.parent, path.name):
-        data = read_results(path)
-        texts = text_records(data)
-        if not texts:
-            if any(r.get("units") for r in data["records"]):
-                return Backfill(path, "task")
-            raise DocumentsError(f"{path} has no record with per-unit numbers (made before units existed): "
-                                 "nothing to give documents to")
-        if all("doc" in r["units"] for r in texts) and isinstance(data["run"].get("eval_documents"), dict):
-            return Backfill(path, "already")
+        data = read_results(path)  # again, under the lock: what another writer may have changed meanwhile
+        nothing = _nothing_to_do(path, data)
+        if nothing is not None:
+            return nothing
         rebuilt = from_run_metadata(data["run"]) if from_metadata else rebuild(data["run"], path.parent, model)
         new = with_documents(data, rebuilt, path)
         atomic_write_json(path, new)
-        return Backfill(path, "written", len(texts), len(rebuilt.documents), rebuilt.how)
+        return Backfill(path, "written", len(text_records(data)), len(rebuilt.documents), rebuilt.how)
+
+
+def _nothing_to_do(path: Path, data: dict) -> Optional[Backfill]:
+    """The outcome of a folder whose units need no documents (a task's) or have them all; None otherwise.
+    DocumentsError for records made before there were per-unit numbers at all."""
+    texts = text_records(data)
+    if not texts:
+        if any(r.get("units") for r in data["records"]):
+            return Backfill(path, "task")
+        raise DocumentsError(f"{path} has no record with per-unit numbers (made before units existed): nothing to "
+                             "give documents to")
+    if all("doc" in r["units"] for r in texts) and isinstance(data["run"].get("eval_documents"), dict):
+        return Backfill(path, "already")
+    return None
 
 
 def with_documents(data: dict, rebuilt: Rebuilt, path: Path) -> dict:
@@ -114,24 +127,19 @@ def with_documents(data: dict, rebuilt: Rebuilt, path: Path) -> dict:
         raise DocumentsError(f"rebuilt eval text differs from the records': {len(rebuilt.documents)} documents, "
                              f"{recorded} in the run's eval_documents in {path}")
     new = copy.deepcopy(data)
-    docs: dict[int, list[int]] = {}
+    docs = unit_documents(rebuilt.target_docs, rebuilt.unit)
     for rec in text_records(new):
-        units = rec["units"]
-        size, count = units.get("size"), len(units["nll"])
-        if size != rebuilt.unit:
-            raise DocumentsError(f"rebuilt eval text differs from the records': units of {size} targets in "
-                                 f"{rec['encoding']} at {rec['eval_len']} in {path}, {rebuilt.unit} in the run")
-        if size not in docs:
-            from posenc_bench.bench.eval.evaluate import unit_documents
-
-            docs[size] = unit_documents(rebuilt.target_docs, size)
-        if count != len(docs[size]):
-            raise DocumentsError(f"rebuilt eval text differs from the records': {len(docs[size])} units of {size} "
-                                 f"targets, {count} in {rec['encoding']} at {rec['eval_len']} in {path}")
-        if "doc" in units and units["doc"] != docs[size]:
-            raise DocumentsError(f"rebuilt eval text differs from the records': {rec['encoding']} at "
-                                 f"{rec['eval_len']} in {path} names other documents for its units")
-        units["doc"] = list(docs[size])
+        units, where = rec["units"], f"{rec['encoding']} at {rec['eval_len']} in {path}"
+        if units.get("size") != rebuilt.unit:
+            raise DocumentsError(f"rebuilt eval text differs from the records': units of {units.get('size')} "
+                                 f"targets in {where}, {rebuilt.unit} in the run")
+        if len(units["nll"]) != len(docs):
+            raise DocumentsError(f"rebuilt eval text differs from the records': {len(docs)} units of "
+                                 f"{rebuilt.unit} targets, {len(units['nll'])} in {where}")
+        if "doc" in units and units["doc"] != docs:
+            raise DocumentsError(f"rebuilt eval text differs from the records': {where} names other documents "
+                                 "for its units")
+        units["doc"] = list(docs)
     new["run"]["eval_documents"] = dict(rebuilt.documents)
     if without_documents(new) != without_documents(data):  # the promise: nothing else moved
         raise AssertionError(f"giving {path} its documents changed another value")
@@ -185,7 +193,6 @@ def rebuild(run: dict, folder: Path, model: Optional[str] = None) -> Rebuilt:
 def _our_rebuild(run: dict, folder: Path) -> tuple[dict, str, str]:
     """Our model's eval text (a run's or a checkpoint eval's): ``EvalSet.for_run`` of the run's config."""
     from posenc_bench.bench.config import config_from_dict, load_run_corpus
-    from posenc_bench.bench.eval.evaluate import EvalSet
     from posenc_bench.data import tokens_fingerprint
 
     if "config" not in run:
@@ -229,6 +236,9 @@ def _hf_rebuild(run: dict, model: Optional[str]) -> tuple[dict, str, str]:
         if spec.kind != "hf":
             raise DocumentsError(f"--model {model!r}: a Hugging Face eval's model is hf:<folder | hub name | .gguf>")
     else:
+        if not described.get("ref"):
+            raise DocumentsError("the eval records no model (run.model.ref) whose tokenizer rebuilds its text; give "
+                                 "--model hf:<its folder or .gguf file>")
         spec = ModelSpec("hf", described["ref"], described.get("model", ""), gguf_file=described.get("gguf_file"))
         where = Path(spec.ref) / (spec.gguf_file or "")
         if spec.ref.startswith(("/", ".", "~")) and not where.exists():
@@ -263,5 +273,5 @@ def from_run_metadata(run: dict) -> Rebuilt:
                              f"({total}) in segments of {S}: they cannot say where each target is")
     counts = torch.tensor(list(documents.values()))
     target_docs = torch.repeat_interleave(torch.arange(len(documents)), counts).view(-1, S)
-    unit = (run.get("config", {}).get("eval", {}).get("unit") or max(run["eval_lengths"]))
+    unit = run.get("config", {}).get("eval", {}).get("unit") or max(run["eval_lengths"])
     return Rebuilt(dict(documents), target_docs, unit, "derived from the run's eval_documents (no text to check)")

@@ -125,6 +125,7 @@ def test_a_task_folder_has_nothing_to_do_and_a_folder_with_documents_is_left_alo
     before = (tmp_path / "task" / "results.json").read_bytes()
     assert "nothing to do: task records" in backfill(tmp_path / "task").line()
     assert (tmp_path / "task" / "results.json").read_bytes() == before
+    assert sorted(p.name for p in (tmp_path / "task").iterdir()) == ["results.json"]  # not even locked
     shutil.copytree(runs["stream"], tmp_path / "fresh")
     before = (tmp_path / "fresh" / "results.json").read_bytes()
     assert "left alone" in backfill(tmp_path / "fresh" / "results.json").line()  # a results file names its folder
@@ -137,3 +138,13 @@ def test_from_metadata_needs_the_documents_listed(runs, tmp_path):
         backfill(old, from_metadata=True)
     with pytest.raises(DocumentsError, match="not its eval tokens"):
         from_run_metadata({"eval_documents": {"a": 10}, "eval_tokens": 1024, "segment_len": 64, "eval_lengths": [64]})
+
+
+def test_records_without_per_unit_numbers_have_nothing_to_name(runs, tmp_path):
+    old = made_before(runs["stream"], tmp_path / "old")
+    data = json.loads((old / "results.json").read_text())
+    for rec in data["records"]:
+        del rec["units"]  # made before units existed
+    (old / "results.json").write_text(json.dumps(data, indent=1) + "\n")
+    with pytest.raises(DocumentsError, match="has no record with per-unit numbers .made before units existed."):
+        backfill(old)
