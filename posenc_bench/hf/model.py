@@ -70,31 +70,58 @@ def resolve_model(spec: str) -> ModelSpec:
 
 def load_pretrained(spec: ModelSpec, torch_dtype: torch.dtype, trust_remote_code: bool) -> tuple:
     """(tokenizer, model, attention implementation) from transformers, SDPA where the model supports it."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    kwargs = _pretrained_kwargs(spec, trust_remote_code)
+    tokenizer = load_tokenizer(spec, trust_remote_code)  # a ConfigError of its own where it cannot
+    try:
+        with _no_bars():
+            try:
+                model = AutoModelForCausalLM.from_pretrained(spec.ref, dtype=torch_dtype, attn_implementation="sdpa",
+                                                             **kwargs)
+                return tokenizer, model, "sdpa"
+            except ValueError as e:
+                if "sdpa" not in str(e).lower():
+                    raise
+                model = AutoModelForCausalLM.from_pretrained(spec.ref, dtype=torch_dtype, **kwargs)
+                return tokenizer, model, model.config._attn_implementation
+    except (OSError, ValueError, ImportError, KeyError) as e:
+        raise _cannot_load(spec, e, trust_remote_code) from None
+
+
+def load_tokenizer(spec: ModelSpec, trust_remote_code: bool = False):
+    """The model's tokenizer alone, without its weights: all that rebuilding its eval text needs."""
+    from transformers import AutoTokenizer
+
+    try:
+        with _no_bars():
+            return AutoTokenizer.from_pretrained(spec.ref, **_pretrained_kwargs(spec, trust_remote_code))
+    except (OSError, ValueError, ImportError, KeyError) as e:
+        raise _cannot_load(spec, e, trust_remote_code) from None
+
+
+@contextlib.contextmanager
+def _no_bars() -> Iterator[None]:
+    """transformers' progress bars ("Loading weights") off: our own progress is enough."""
     from transformers.utils import logging as hf_logging
 
-    kwargs: dict = {"trust_remote_code": trust_remote_code}
-    if spec.gguf_file:
-        kwargs["gguf_file"] = spec.gguf_file
     bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # "Loading weights" bars on stderr; our own progress is enough
+    hf_logging.disable_progress_bar()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(spec.ref, **kwargs)
-        try:
-            model = AutoModelForCausalLM.from_pretrained(spec.ref, dtype=torch_dtype, attn_implementation="sdpa", **kwargs)
-            return tokenizer, model, "sdpa"
-        except ValueError as e:
-            if "sdpa" not in str(e).lower():
-                raise
-            model = AutoModelForCausalLM.from_pretrained(spec.ref, dtype=torch_dtype, **kwargs)
-            return tokenizer, model, model.config._attn_implementation
-    except (OSError, ValueError, ImportError, KeyError) as e:
-        hint = "" if trust_remote_code or "trust_remote_code" not in str(e) else " (add --trust-remote-code if you trust its code)"
-        raise ConfigError(f"cannot load model {spec.ref!r}{' file ' + spec.gguf_file if spec.gguf_file else ''}: "
-                          f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}{hint}") from None
+        yield
     finally:
         if bars:
             hf_logging.enable_progress_bar()
+
+
+def _pretrained_kwargs(spec: ModelSpec, trust_remote_code: bool) -> dict:
+    return {"trust_remote_code": trust_remote_code, **({"gguf_file": spec.gguf_file} if spec.gguf_file else {})}
+
+
+def _cannot_load(spec: ModelSpec, e: Exception, trust_remote_code: bool) -> ConfigError:
+    hint = "" if trust_remote_code or "trust_remote_code" not in str(e) else " (add --trust-remote-code if you trust its code)"
+    return ConfigError(f"cannot load model {spec.ref!r}{' file ' + spec.gguf_file if spec.gguf_file else ''}: "
+                       f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}{hint}")
 
 
 def rotary_embeddings(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.Module]]:

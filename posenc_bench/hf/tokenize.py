@@ -35,6 +35,22 @@ def document_separator(tokenizer, choice: str = "auto") -> tuple[Optional[int], 
     return None, "none (the tokenizer has no bos or eos)"
 
 
+def recorded_separator(how: str) -> str:
+    """The ``--doc-sep`` choice that gives again the separator a run recorded (``document_separator``'s second
+    value, the run's ``doc_separator``): the token itself, named, so that a tokenizer read by another release
+    (which may name another token its eos) still puts the same token between documents; "none" for none."""
+    import ast
+    import re
+
+    if how.startswith("none"):
+        return "none"
+    quoted = re.match(r"^(?:bos |eos )?('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")", how)
+    if quoted is None:
+        raise ConfigError(f"doc_separator {how!r} is not one that document_separator records (bos '<s>' (...), "
+                          "eos '<eos>' (...), '<token>' (given), none)")
+    return ast.literal_eval(quoted.group(1))
+
+
 def token_bytes_of(text: str, offsets: list[tuple[int, int]]) -> list[int]:
     """UTF-8 bytes of ``text`` behind each token: token i covers characters [start_i, start_{i+1}) (the first
     from 0, the last to the end), so the tokens of a document cover its bytes exactly once."""

@@ -56,6 +56,38 @@ def test_every_committed_key_is_what_the_code_computes_whatever_the_release(fold
     assert checked >= min(20, len(data["records"]))
 
 
+@pytest.mark.parametrize("folder", committed_results())
+def test_every_committed_text_record_names_the_document_of_each_unit(folder):
+    """``units["doc"]`` (given to the folders made before it by ``posenc-bench documents``): one per unit, a place
+    in the run's ``eval_documents``, and the units of each document hold its targets as the run lists them
+    (``from_run_metadata``: documents in scoring order). Task records need none: each unit is one instance. The
+    field joins no key and no identity: the test above checks every key of these same records."""
+    from posenc_bench.bench.eval.documents import from_run_metadata, text_records
+    from posenc_bench.bench.eval.evaluate import unit_documents
+
+    data = read_results(ROOT / folder)
+    texts = text_records(data)
+    if not texts:
+        pytest.skip(f"{folder}: a task's records (each unit one test instance)")
+    documents = data["run"]["eval_documents"]
+    expected = from_run_metadata(data["run"])
+    for rec in texts:
+        units = rec["units"]
+        assert len(units["doc"]) == len(units["nll"]) and set(units["doc"]) <= set(range(len(documents))), rec["encoding"]
+        assert units["doc"] == unit_documents(expected.target_docs, units["size"]), rec["encoding"]
+
+
+def test_the_headline_run_s_units_fill_its_speeches_in_order():
+    """results/sotu-512 (document-bounded windows): 102 units of 2048 targets over its 11 speeches, in order,
+    each speech's units holding exactly the targets the run scored of it."""
+    data = read_results(ROOT / "results/sotu-512")
+    documents = list(data["run"]["eval_documents"].values())
+    for rec in (r for r in data["records"] if r.get("units")):
+        doc = rec["units"]["doc"]
+        assert len(doc) == 102 and rec["units"]["size"] == 2048 and doc == sorted(doc)
+        assert [2048 * doc.count(d) for d in range(11)] == documents
+
+
 def test_numerics_is_the_version_the_keys_hash():
     """NUMERICS = 1 hashes "0.1.0", the release string every key was made with before it existed; so the key
     of this fixed config is the one it always was. If this fails, a change moved what a cell key hashes: bump

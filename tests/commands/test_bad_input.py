@@ -34,6 +34,8 @@ BAD = [
     # inputs that are not there
     (["report", "nowhere"], "report: error: no results file at 'nowhere'"),
     (["plot", "nowhere"], "plot: error: no results file at 'nowhere'"),
+    (["documents", "{tmp}"], "documents: error: no results file at '{tmp}/results.json'"),
+    (["documents", "{file}"], "documents: error: '{file}' is not valid JSON (truncated or corrupt?)"),
     (["gate", "--baseline", "nowhere.json", "--current", "nowhere"], "gate: error: baseline 'nowhere.json' not found"),
     (["eval", "--model", "hf:/nonexistent", "--out", "{tmp}/e"],
      "eval: error: --model 'hf:/nonexistent': '/nonexistent' is not a folder, and not a hub name (org/name)"),
@@ -50,6 +52,7 @@ BAD = [
     (["run", "--steps", "abc"], "posenc-bench run: error: argument --steps: invalid int value: 'abc'"),
     (["run", "--eval-lens"], "posenc-bench run: error: argument --eval-lens: expected one argument"),
     (["report"], "posenc-bench report: error: the following arguments are required: results"),
+    (["documents"], "posenc-bench documents: error: the following arguments are required: folders"),
     (["nosuch"], "posenc-bench: error: argument command: invalid choice: 'nosuch'"),
     ([], "posenc-bench: error: the following arguments are required: command"),
 ]

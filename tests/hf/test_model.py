@@ -87,6 +87,17 @@ def test_the_chunked_loss_keeps_memory_at_one_chunk_whatever_the_length():
     torch.testing.assert_close(nll[0, :300], full, rtol=1e-5, atol=1e-5)
 
 
+def test_the_tokenizer_loads_alone_and_a_missing_model_is_one_config_error(llama_dir, tokenizer, tmp_path):
+    """``load_tokenizer``: the model's tokenizer without its weights (what rebuilding an eval's text needs)."""
+    from posenc_bench.errors import ConfigError
+
+    alone = hf.load_tokenizer(hf.resolve_model(f"hf:{llama_dir}"))
+    text = "def f(x):\n    return x\n"
+    assert alone(text)["input_ids"] == tokenizer(text)["input_ids"] and alone.eos_token == tokenizer.eos_token
+    with pytest.raises(ConfigError, match=r"^cannot load model '.*nothing-here': OSError"):
+        hf.load_tokenizer(hf.ModelSpec("hf", str(tmp_path / "nothing-here"), "nothing-here"))
+
+
 def test_already_scaled_model_uses_its_original_length(tokenizer, tmp_path):
     d = save_llama(tmp_path / "scaled", tokenizer, max_positions=128,
                    rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,

@@ -20,7 +20,9 @@
    every resampling unit: consecutive blocks of ``Scoring.unit`` targets (the run's longest eval length) within
    each segment, numbered segment by segment. A unit is a set of target positions, so it is the same text at
    every length and for every row of a run; at the longest length it is exactly one window (its own context),
-   at shorter lengths it holds several windows.
+   at shorter lengths it holds several windows. Each unit also names its document (``units["doc"]``: the place,
+   in the run's ``eval_documents``, of the document that holds most of its targets, the earlier on a tie;
+   ``unit_documents``), so that intervals can resample whole documents instead of units.
 6. Each window has a run-wide index, the position of its first input token in the flattened segments
    (``window_ids``): our models' encodings hear it before each forward (``Encoding.set_eval_windows``), so an
    encoding with random eval positions (``+rand``) draws them per window, whatever the batch size.
@@ -252,6 +254,7 @@ class EvalSet:
     skipped: Optional[int] = None  # eval.windows documents: the split's documents shorter than a segment
     token_bytes: Optional[torch.Tensor] = None  # (N, S + 1) bytes behind each token; None: byte tokens
     tokenizer: Optional[dict] = None  # a BPE's name and fingerprint (part of the eval fingerprint); None: bytes
+    target_docs: Optional[torch.Tensor] = None  # (N, S) the document of each target: its place in ``documents``
 
     @classmethod
     def for_run(cls, cfg, corpus) -> "EvalSet":
@@ -266,15 +269,26 @@ class EvalSet:
         if cfg.eval.windows == "documents":
             segments, names = spread_segments(docs, S, cfg.eval.tokens)
             skipped = sum(1 for _, tokens in docs if tokens.numel() < S + 1)
-            out = cls(segments, lengths, scoring, {n: S * names.count(n) for n in dict.fromkeys(names)}, skipped)
+            documents = {n: S * names.count(n) for n in dict.fromkeys(names)}  # segments come in document order
+            place = {n: i for i, n in enumerate(documents)}
+            target_docs = torch.tensor([place[n] for n in names])[:, None].expand(-1, S)
+            out = cls(segments, lengths, scoring, documents, skipped, target_docs=target_docs)
         else:
             segments = eval_segments(torch.cat([tokens for _, tokens in docs]), S, cfg.eval.tokens)
-            out = cls(segments, lengths, scoring, stream_documents(docs, segments.shape[0] * S))
+            out = cls(segments, lengths, scoring, stream_documents(docs, segments.shape[0] * S),
+                      target_docs=stream_target_documents(docs, segments.shape[0], S))
         tok = corpus.tokenizer
         if tok.fingerprint is not None:  # a BPE: bits per byte from its tokens' bytes
             out.token_bytes = tok.token_bytes()[out.segments]  # (N, S + 1)
             out.tokenizer = {"name": tok.name, "fingerprint": tok.fingerprint}
         return out
+
+    def unit_documents(self, unit_size: Optional[int] = None) -> list[int]:
+        """The document of each resampling unit of ``unit_size`` targets (default: the run's unit), numbered as
+        the units of a result are: ``unit_documents`` of this set's targets."""
+        if self.target_docs is None:
+            raise ValueError("this eval set was built without the document of each target (EvalSet.for_run has it)")
+        return unit_documents(self.target_docs, unit_size or self.scoring.unit or max(self.lengths))
 
     def meta(self) -> dict:
         """What the run's metadata records of the text: the documents scored (targets each), how many the
@@ -297,12 +311,56 @@ def stream_documents(docs: list[tuple[str, torch.Tensor]], targets: int) -> dict
     return out
 
 
+def stream_target_documents(docs: list[tuple[str, torch.Tensor]], n_segments: int, segment_len: int) -> torch.Tensor:
+    """(n_segments, segment_len) the document of each target of the stream's segments (``data.eval_segments``):
+    its place among the documents that hold targets, in stream order, i.e. in ``stream_documents``'s order."""
+    ends = torch.tensor([tokens.numel() for _, tokens in docs]).cumsum(0)  # stream position after each document
+    positions = torch.arange(n_segments)[:, None] * segment_len + torch.arange(1, segment_len + 1)  # the targets'
+    return documents_in_order(torch.searchsorted(ends, positions, right=True))[1]
+
+
+def documents_in_order(labels: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+    """(the distinct ``labels`` in the order of their first place in ``labels`` flattened, i.e. in scoring order,
+    each label's place in that list, in the shape of ``labels``): any document labels (a document's index in
+    its split) as places in the run's ``eval_documents``, which lists documents in scoring order."""
+    flat = labels.flatten()
+    distinct, inverse = torch.unique(flat, return_inverse=True)
+    first = torch.full((distinct.numel(),), flat.numel()).scatter_reduce(0, inverse, torch.arange(flat.numel()), "amin")
+    order = torch.argsort(first)
+    place = torch.empty_like(order)
+    place[order] = torch.arange(order.numel())
+    return distinct[order].tolist(), place[inverse].view(labels.shape)
+
+
+def unit_documents(target_docs: torch.Tensor, unit_size: int) -> list[int]:
+    """The document of each resampling unit (the one home of this rule, for our models and pretrained ones).
+
+    ``target_docs`` (N, S): the document of each target of each segment, as its place in the run's
+    ``eval_documents``. The units are ``_Units``'s: blocks of ``unit_size`` consecutive targets of each segment
+    (the last one of a segment shorter when ``unit_size`` does not divide S), numbered segment by segment. A
+    unit's document is the one that holds most of its targets; on a tie, the earlier one in ``eval_documents``.
+    """
+    if unit_size < 1:
+        raise ValueError(f"a resampling unit holds at least 1 target, got {unit_size}")
+    n, S = target_docs.shape
+    per_segment = -(-S // unit_size)
+    padded = torch.zeros(n, per_segment * unit_size, dtype=torch.int64)  # 0: no target (a short last unit)
+    padded[:, :S] = target_docs.to(torch.int64) + 1
+    blocks = padded.view(n * per_segment, unit_size)  # (units, unit_size), in the units' order
+    counts = torch.zeros(blocks.shape[0], int(padded.max()) + 1, dtype=torch.int64)
+    counts.scatter_add_(1, blocks, torch.ones_like(blocks))
+    return counts[:, 1:].argmax(1).tolist()  # argmax: the first of equal counts, i.e. the earlier document
+
+
 def evaluate_model(model, evalset: EvalSet, length: int, rt) -> dict:
     """One eval length for one of our models (``rt``: a bench.runtime.Runtime); raises PositionOutOfRange where
-    the encoding cannot run at this length. The encoding learns each window's index (``set_eval_windows``)."""
+    the encoding cannot run at this length. The encoding learns each window's index (``set_eval_windows``), and
+    the units name their documents (``EvalSet.unit_documents``)."""
     model.encoding.set_eval_length(length)
     model.eval()
     with rt.autocast_context():
-        return score_windows(logits_nll(model), evalset.segments, length, evalset.scoring, device=rt.device,
-                             show_progress=rt.show_progress, token_bytes=evalset.token_bytes,
-                             on_windows=model.encoding.set_eval_windows)
+        res = score_windows(logits_nll(model), evalset.segments, length, evalset.scoring, device=rt.device,
+                            show_progress=rt.show_progress, token_bytes=evalset.token_bytes,
+                            on_windows=model.encoding.set_eval_windows)
+    res["units"]["doc"] = evalset.unit_documents(res["units"]["size"])
+    return res

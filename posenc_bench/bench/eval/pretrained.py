@@ -26,8 +26,8 @@ import torch
 
 from posenc_bench.bench import checkpoint
 from posenc_bench.bench.config import DEFAULT_EVAL_LENS, RunConfig, parse_eval_lens, validate
-from posenc_bench.bench.eval.evaluate import (EvalSet, Scoring, documents_per_window, evaluate_length, evaluate_model,
-                                         segment_length)
+from posenc_bench.bench.eval.evaluate import (EvalSet, Scoring, documents_in_order, documents_per_window,
+                                              evaluate_length, evaluate_model, segment_length, unit_documents)
 from posenc_bench.bench.keys import eval_key, hf_eval_key
 from posenc_bench.bench.records import (ResultsFolder, ResultsStore, check_deletable, finished, measured, model_record,
                                         new_record, not_measured, run_meta, score, summary_line)
@@ -147,34 +147,41 @@ def _evaluate_rows(folder: ResultsFolder, run: dict, fresh: bool, evaluate_row: 
 # ---- Hugging Face models ----------------------------------------------------------------------------------
 
 @dataclass
-class _HFText:
+class HFText:
+    """A Hugging Face model's eval text: what ``eval`` scores, and what ``bench/eval/documents.py`` rebuilds."""
+
     segments: torch.Tensor  # (N, S + 1) token ids of the model's tokenizer
     token_bytes: torch.Tensor  # the same shape: UTF-8 bytes behind each token
-    doc_index: torch.Tensor  # the same shape: which document each token belongs to
+    doc_index: torch.Tensor  # the same shape: which document each token belongs to (its index in the split)
     separator: Optional[int]
     separator_how: str
-    documents: int  # documents the segments were cut from
+    documents: dict  # name -> targets it holds, of each document scored, in scoring order (the run's eval_documents)
+    target_docs: torch.Tensor  # (N, S) the document of each target: its place in ``documents``
 
 
-def _hf_text(hf: HFModel, corpus: Corpus, S: int, eval_tokens: int, opts: EvalOptions) -> _HFText:
+def hf_text(tokenizer, corpus: Corpus, S: int, eval_tokens: int, *, split: str, long_docs: bool, doc_sep: str
+            ) -> HFText:
     """The eval segments through the model's tokenizer: cut from the stream of the split's documents, or
     (``long_docs``) from inside the documents of at least S + 1 tokens, one document per segment."""
-    sep, sep_how = document_separator(hf.tokenizer, opts.doc_sep)
-    docs = corpus.documents(opts.split)
+    sep, sep_how = document_separator(tokenizer, doc_sep)
+    docs = corpus.documents(split)
     need = -(-eval_tokens // S) * S + 1
-    if not opts.long_docs:
-        tokens, nbytes, index = tokenize_documents(hf.tokenizer, docs, sep, need)
+    if not long_docs:
+        tokens, nbytes, index = tokenize_documents(tokenizer, docs, sep, need)
         parts = [eval_segments(t, S, eval_tokens) for t in (tokens, nbytes, index)]
     else:
-        tokens, nbytes, index = tokenize_documents(hf.tokenizer, docs, sep, 1 << 62, min_doc_tokens=S + 1)  # all of them
+        tokens, nbytes, index = tokenize_documents(tokenizer, docs, sep, 1 << 62, min_doc_tokens=S + 1)  # all of them
         if tokens.numel() == 0:
-            raise DataError(f"no document of the {opts.split!r} split of {corpus.source!r} has {S + 1} tokens "
+            raise DataError(f"no document of the {split!r} split of {corpus.source!r} has {S + 1} tokens "
                             f"(--long-docs: one segment is {S + 1} tokens); use longer documents"
-                            f"{'' if opts.split == 'all' else ', or --split all'}")
+                            f"{'' if split == 'all' else ', or --split all'}")
         counts = torch.unique_consecutive(index, return_counts=True)[1].tolist()
         parts = [document_segments(list(t.split(counts)), S, eval_tokens) for t in (tokens, nbytes, index)]
     segments, token_bytes, doc_index = parts
-    return _HFText(segments, token_bytes, doc_index, sep, sep_how, int(torch.unique(doc_index).numel()))
+    scored, target_docs = documents_in_order(doc_index[:, 1:])
+    held = torch.bincount(target_docs.flatten(), minlength=len(scored)).tolist()
+    documents = {docs[d][0]: n for d, n in zip(scored, held)}
+    return HFText(segments, token_bytes, doc_index, sep, sep_how, documents, target_docs)
 
 
 def eval_hf(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], None] = print) -> tuple[Path, dict]:
@@ -199,14 +206,14 @@ def eval_hf(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], None] = pri
     S = opts.segment_len or segment_length(lengths)
     if S < max(lengths):
         raise ConfigError(f"--segment-len {S}: a segment holds at least one window of the longest length {max(lengths)}")
-    text = _hf_text(hf, corpus, S, eval_tokens, opts)
+    text = hf_text(hf.tokenizer, corpus, S, eval_tokens, split=opts.split, long_docs=opts.long_docs, doc_sep=opts.doc_sep)
     model_info = hf.describe()
     row = f"hf:{spec.name}"
     run = run_meta(
         kind="eval", model=model_info, train_len_source=len_source, rows=[row] + [f"{row}+{s}" for s in opts.rope_scaling],
         train_len=train_len, eval_lengths=lengths, segments=text.segments, corpus=corpus.describe(),
         device=device_description(device), eval_bytes=int(text.token_bytes[:, 1:].sum()), doc_separator=text.separator_how,
-        eval_documents=text.documents,
+        eval_documents=text.documents,  # name -> targets, in scoring order: what units["doc"] counts in
         config={"data": {"source": corpus.source}, "eval": {"tokens": eval_tokens, "lens": opts.eval_lens, "split": opts.split,
                 "long_docs": opts.long_docs, "unit": unit, "position_buckets": HF_BUCKETS},
                 "rope_scaling": list(opts.rope_scaling), "seeds": [0]},
@@ -218,7 +225,7 @@ def eval_hf(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], None] = pri
     out = Path(opts.out or f"{RUNS}/eval-{_slug(spec.name)}")
     log(f"posenc-bench eval: {row} ({model_info['class']}, {model_info['params']:,} parameters, {model_info['dtype']}), "
         f"train length {train_len} from {len_source}; lengths {lengths}; {run['eval_tokens']:,} target tokens "
-        f"({run['eval_bytes']:,} bytes, {text.documents} documents) each; device {run['device']}; out {out}")
+        f"({run['eval_bytes']:,} bytes, {len(text.documents)} documents) each; device {run['device']}; out {out}")
     rows = _HFRows(hf, run, text, key, opts.show_progress, log)
     data = _evaluate_rows(ResultsFolder(out), run, opts.fresh, rows.evaluate, opts.delete_committed)
     return out, data
@@ -229,7 +236,7 @@ class _HFRows:
     scaling through transformers' own rope_parameters (``hf/rope.py``), or one of our rows of the trained rope
     model with its attention rerouted through our encoding (``hf/attention.py``)."""
 
-    def __init__(self, hf: HFModel, run: dict, text: _HFText, key: str, show_progress: Optional[bool],
+    def __init__(self, hf: HFModel, run: dict, text: HFText, key: str, show_progress: Optional[bool],
                  log: Callable[[str], None]) -> None:
         self.hf, self.run, self.text, self.key, self.show_progress, self.log = hf, run, text, key, show_progress, log
         self.base = run["rows"][0]
@@ -277,6 +284,7 @@ class _HFRows:
             res = evaluate_length(None, self.text.segments, L, self.scoring[L], show_progress=self.show_progress,
                                   token_bytes=self.text.token_bytes, device=self.hf.device,
                                   nll_fn=lambda x, y: self.hf.nll(x, y, **kwargs))
+        res["units"]["doc"] = unit_documents(self.text.target_docs, res["units"]["size"])  # as our models' units
         return {**res, **memory}
 
     def _same_as_base(self, rec: dict, L: int) -> dict:

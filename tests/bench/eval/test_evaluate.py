@@ -1,6 +1,7 @@
 """The evaluation protocol (bench/eval/evaluate.py): the same targets at every length and stride, token-weighted ppl
 against hand computations and transformers, loss by position, resampling units, documents per window, the
-run-wide index of each window, windows bounded by documents and the documents a run scores."""
+run-wide index of each window, windows bounded by documents, the documents a run scores and the document of each
+resampling unit."""
 
 import math
 
@@ -8,8 +9,9 @@ import pytest
 import torch
 
 from posenc_bench.bench.config import RunConfig
-from posenc_bench.bench.eval.evaluate import (EvalSet, Scoring, documents_per_window, evaluate_length, logits_nll, score_windows,
-                                         segment_length, stream_documents, windows)
+from posenc_bench.bench.eval.evaluate import (EvalSet, Scoring, documents_in_order, documents_per_window, evaluate_length,
+                                              evaluate_model, logits_nll, score_windows, segment_length,
+                                              stream_documents, unit_documents, windows)
 from posenc_bench.data import BOS, Corpus
 
 
@@ -211,3 +213,53 @@ def test_stream_documents_count_the_targets_of_each_document():
     docs = [("a", torch.zeros(5)), ("b", torch.zeros(3)), ("c", torch.zeros(10))]  # stream tokens 0-4, 5-7, 8-17
     assert stream_documents(docs, 8) == {"a": 4, "b": 3, "c": 1}  # targets are tokens 1 .. 8
     assert stream_documents(docs, 17) == {"a": 4, "b": 3, "c": 10}
+
+
+def test_a_unit_belongs_to_the_document_holding_most_of_its_targets():
+    """Blocks of ``unit_size`` targets of each segment, numbered segment by segment (a short last unit where the
+    size does not divide S); a tie goes to the earlier document."""
+    target_docs = torch.tensor([[0, 0, 0, 1, 1, 1, 1], [1, 2, 2, 2, 2, 2, 3]])
+    assert unit_documents(target_docs, 4) == [0, 1, 2, 2]  # [0 0 0 1] [1 1 1] | [1 2 2 2] [2 2 3]
+    assert unit_documents(target_docs, 2) == [0, 0, 1, 1, 1, 2, 2, 3]  # [0 1]: a tie, the earlier one
+    assert unit_documents(target_docs, 7) == [1, 2]
+    assert unit_documents(torch.tensor([[3, 3, 2, 2]]), 4) == [2]  # ties go by the place in eval_documents
+    with pytest.raises(ValueError, match="at least 1 target, got 0"):
+        unit_documents(target_docs, 0)
+
+
+def test_documents_in_order_numbers_documents_by_their_first_target():
+    labels, places = documents_in_order(torch.tensor([[7, 7, 3], [3, 9, 9]]))
+    assert labels == [7, 3, 9] and places.tolist() == [[0, 0, 1], [1, 2, 2]]
+
+
+def test_each_unit_of_a_stream_names_the_document_holding_more_of_its_targets():
+    """Stream targets 1..64 of the lettered corpus: a holds 1-10, b 11-51, c 52-64 (eval_documents' order)."""
+    stream = EvalSet.for_run(eval_config("stream"), lettered_corpus())
+    assert stream.scoring.unit == 16 and stream.unit_documents() == [0, 1, 1, 2]  # [a 10, b 6] ... [b 3, c 13]
+    assert stream.unit_documents(8) == [0, 1, 1, 1, 1, 1, 2, 2]  # 9-16: a 2, b 6; 49-56: b 3, c 5
+    assert stream.unit_documents(4)[2] == 0  # targets 9-12: a 2, b 2, a tie: the earlier document
+    targets = torch.bincount(stream.target_docs.flatten()).tolist()
+    assert targets == list(stream.documents.values()) == [10, 41, 13]  # each target's document, as the run counts
+    letters = stream.segments[:, 1:]  # every target that is not a BOS is its document's letter
+    names = list(stream.documents)
+    assert all(ord(names[d]) == t for d, t in zip(stream.target_docs.flatten().tolist(), letters.flatten().tolist())
+               if t != BOS)
+
+
+def test_each_unit_of_document_bounded_windows_names_its_segment_s_document():
+    evalset = EvalSet.for_run(eval_config("documents"), lettered_corpus())  # segments: b, c, c, d
+    assert evalset.unit_documents() == [0, 1, 1, 2] and evalset.unit_documents(8) == [0, 0, 1, 1, 1, 1, 2, 2]
+    assert torch.bincount(evalset.target_docs.flatten()).tolist() == list(evalset.documents.values())
+
+
+def test_our_models_record_the_document_of_each_unit():
+    """``evaluate_model``'s units carry ``doc``, one per unit, from the eval set."""
+    from posenc_bench.bench.checkpoint import build_model
+    from posenc_bench.bench.rows import Row
+    from posenc_bench.bench.run.runtime import Runtime
+
+    cfg = eval_config("stream")
+    cfg.model.d_model, cfg.model.n_layers, cfg.model.n_heads = 16, 1, 2
+    evalset = EvalSet.for_run(cfg, lettered_corpus())
+    res = evaluate_model(build_model(cfg, Row("rope"), 0), evalset, 8, Runtime.create("cpu", "fp32"))
+    assert res["units"]["doc"] == [0, 1, 1, 2] and len(res["units"]["nll"]) == 4

@@ -203,8 +203,16 @@ def test_long_docs_keep_only_documents_longer_than_a_segment(model, tmp_path):
                  "--long-docs", "--eval-lens", "1,8x", "--eval-tokens", "768", "--out", str(out), "--progress", "off"]) == 0
     res = json.loads((out / "results.json").read_text())
     # segments of 256 tokens: one from the 431-token document, two from the 575-token one, none from the others
-    assert res["run"]["config"]["eval"]["long_docs"] and res["run"]["eval_documents"] == 2
+    assert res["run"]["config"]["eval"]["long_docs"] and res["run"]["eval_documents"] == {"d1.txt": 256, "d3.txt": 512}
     assert {r["documents_per_window"] for r in res["records"]} == {1.0}
+    assert {tuple(r["units"]["doc"]) for r in res["records"]} == {(0, 1, 1)}  # units of 256: one per segment
+    # the backfill of a folder made before units named documents rebuilds them through the tokenizer alone
+    from posenc_bench.bench.eval.documents import backfill, without_documents
+
+    old = without_documents(res)
+    (out / "results.json").write_text(json.dumps(old, indent=1) + "\n")
+    assert backfill(out).outcome == "written"
+    assert json.loads((out / "results.json").read_text()) == res
 
 
 def test_long_docs_without_a_long_enough_document_is_one_line_and_exit_2(model, tmp_path, capsys):
