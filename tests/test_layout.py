@@ -153,6 +153,29 @@ def test_imports_go_one_way():
     assert not bad, "\n".join(bad)
 
 
+# analysis/ reads in one direction: did each model learn -> the statistics -> the runs -> context -> findings ->
+# captions -> tables -> plots -> robustness -> gate -> report. A module imports only rooms before it, so one
+# `report --findings` call goes down the list and never returns to a room it left.
+ANALYSIS_ORDER = ["learned", "stats", "runs", "context", "findings", "captions", "tables", "plots", "robustness",
+                  "gate", "report"]
+
+
+def test_analysis_reads_in_one_direction():
+    bad = []
+    rank = {room: i for i, room in enumerate(ANALYSIS_ORDER)}
+    for name, targets in import_graph().items():
+        if not name.startswith("posenc_bench.analysis."):
+            continue
+        room = name.split(".")[2]
+        assert room in rank, f"{name}: add its room to ANALYSIS_ORDER"
+        for target in targets:  # ``from posenc_bench.analysis import plots`` counts as importing plots
+            if target.startswith("posenc_bench.analysis.") and target.split(".")[2] in rank:
+                other = target.split(".")[2]
+                if rank[other] > rank[room] or (other == room and room != "stats"):
+                    bad.append(f"{name} imports {target} (a later room)")
+    assert not bad, "\n".join(bad)
+
+
 def import_graph():
     trees = dict(modules())
     return {name: set(module_imports(tree, name, trees)) for name, tree in trees.items()}

@@ -29,7 +29,7 @@ from posenc_bench import metrics
 from posenc_bench.analysis.stats.estimate import CHECKPOINT, Comparison
 from posenc_bench.analysis.stats.family import Family, correct
 from posenc_bench.analysis.stats.intervals import Intervals
-from posenc_bench.analysis.tables import Run, row_order, train_len
+from posenc_bench.analysis.runs import Run, row_order, train_len
 
 FAMILY = "every pair of rows at every length, by ppl and past 1x by ratio to 1x, and every row against its 1x"
 TASK_FAMILY = "every pair of rows at every size"

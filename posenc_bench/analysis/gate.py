@@ -57,7 +57,7 @@ from posenc_bench.analysis.stats.estimate import Comparison
 from posenc_bench.analysis.stats.family import HOLM, correct
 from posenc_bench.analysis.stats.intervals import CI, Intervals
 from posenc_bench.analysis.stats.seeds import Seeds, mean_std, over_seeds, with_value
-from posenc_bench.analysis.tables import train_len
+from posenc_bench.analysis.runs import train_len
 from posenc_bench.files import atomic_write_json, atomic_write_text
 
 PASS, FAIL = 0, 1

@@ -26,7 +26,7 @@ from posenc_bench.errors import PosencError  # noqa: E402
 from posenc_bench.analysis.stats.intervals import Intervals  # noqa: E402
 from posenc_bench.analysis.captions import short_caption  # noqa: E402
 from posenc_bench.analysis.stats.seeds import mean_std, over_seeds, with_value  # noqa: E402
-from posenc_bench.analysis.tables import Run, is_task, kind_of, row_order, train_len  # noqa: E402
+from posenc_bench.analysis.runs import Run, is_task, kind_of, row_order, train_len  # noqa: E402
 
 FORMATS = ("png", "svg")
 DPI = 110

@@ -26,8 +26,8 @@ from posenc_bench.analysis.captions import caption, scored_split
 from posenc_bench.analysis.context import CONTEXT_TABLES, context_title
 from posenc_bench.analysis import findings, robustness
 from posenc_bench.analysis.stats.intervals import CI, Intervals
-from posenc_bench.analysis.tables import (Cell, ReportError, Run, Table, annotate, build_table, compare_table,
-                                          kind_of, run_intervals)
+from posenc_bench.analysis.tables import Cell, Table, annotate, build_table, compare_table
+from posenc_bench.analysis.runs import ReportError, Run, kind_of, run_intervals
 from posenc_bench.files import atomic_write_text
 
 DEFAULT_VALUES = metrics.kind("ppl").tables  # a text run's tables; a task run's are its kind's (``render``)

@@ -43,7 +43,7 @@ from posenc_bench.analysis.findings import Finding, run_findings
 from posenc_bench.analysis.stats.estimate import CHECKPOINT, Comparison, Interval
 from posenc_bench.analysis.stats.family import correct
 from posenc_bench.analysis.stats.intervals import CI, Intervals, seed_values
-from posenc_bench.analysis.tables import Run, row_order, train_len
+from posenc_bench.analysis.runs import Run, row_order, train_len
 
 HOLDS, REVERSED, SAME_WAY, OTHER_WAY, MISSING = "holds", "reversed", "same way, not shown", "other way, not shown", "n/a"
 PLATEAU_MARK = "†"  # on a cell: the plateau check flags the row in that setting (Setting.flat)

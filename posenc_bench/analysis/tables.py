@@ -12,26 +12,20 @@ depend only on the results, so a regenerated table diffs cleanly. ``analysis/rep
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional, Sequence
 
 from posenc_bench import metrics
-from posenc_bench.errors import PosencError
-from posenc_bench.bench.records import read_results
 from posenc_bench.analysis.context import plateau_note
 from posenc_bench.analysis.stats.estimate import CHECKPOINT
 from posenc_bench.analysis.stats.family import Family, correct
 from posenc_bench.analysis.stats.intervals import CI, MIN_SEEDS, MIN_WINDOWS, Intervals
 from posenc_bench.analysis.stats.seeds import mean_std, over_seeds, with_value
+from posenc_bench.analysis.runs import ReportError, Run, kind_of, row_order
 
 CHECKPOINT_NOTE = (f"† this checkpoint: fewer than {MIN_SEEDS} seeds in common, so the interval covers the text only and "
                    "describes these trained models, not their recipe; another seed can move a model by more")
 ONE_SEED_NOTE = ("one seed: every interval and mark in this table is about this checkpoint (these trained models on "
                  "this text), not about the methods; another seed can move a model by more than the text does")
-
-
-class ReportError(PosencError):
-    pass
 
 
 def _fmt_ratio(r: float) -> str:
@@ -78,53 +72,6 @@ class Table:
     row_notes: dict[str, str] = field(default_factory=dict)  # row -> footnote mark on its name (the plateau flag)
     notes: list[str] = field(default_factory=list)  # footnote lines of the table as a whole
     family: Optional[Family] = None  # the comparisons its marks rest on, corrected together
-
-
-# ----------------------------------------------------------------------------------------------- the runs
-
-
-@dataclass
-class Run:
-    label: str
-    path: str
-    data: dict
-
-
-def load_runs(paths: Sequence[str | Path]) -> list[Run]:
-    """Read each results folder or file; label runs by folder name (the full path where names repeat)."""
-    if not paths:
-        raise ReportError("give at least one results folder or results.json")
-    datas = [read_results(p) for p in paths]
-    names = [Path(p).name if Path(p).is_dir() else Path(p).parent.name for p in paths]
-    labels = names if len(set(names)) == len(names) else [str(p) for p in paths]
-    if len(paths) == 1:
-        labels = [""]
-    return [Run(label, str(p), d) for label, p, d in zip(labels, paths, datas)]
-
-
-def row_order(data: dict) -> list[str]:
-    """The rows of one results file: its run's declared order, then any other row its records hold."""
-    return list(dict.fromkeys([*(data["run"].get("rows") or []), *(r["encoding"] for r in data["records"])]))
-
-
-def kind_of(run: Run) -> metrics.Kind:
-    """What a results file's records measure (``metrics``): text (perplexity) or a task (exact match)."""
-    return metrics.kind_of(run.data["records"])
-
-
-def is_task(run: Run) -> bool:
-    """Whether a results file holds a task run (exact match) rather than text (perplexity)."""
-    return kind_of(run).instances
-
-
-def train_len(run: dict) -> int:
-    """A results file's train length (1x): the run's own, or its config's in older training runs."""
-    return run.get("train_len") or run["config"]["train"]["train_len"]
-
-
-def run_intervals(runs: Sequence[Run], ci: float = CI) -> dict[str, Intervals]:
-    """The intervals of each run (by label), built once per report."""
-    return {run.label: Intervals(run.data["records"], ci=ci) for run in runs}
 
 
 # ----------------------------------------------------------------------------------------------- the tables

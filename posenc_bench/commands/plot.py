@@ -21,7 +21,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def cmd(args: argparse.Namespace) -> int:
     from posenc_bench.analysis import plots, robustness
-    from posenc_bench.analysis.tables import load_runs
+    from posenc_bench.analysis.runs import load_runs
 
     from pathlib import Path
 

@@ -55,7 +55,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def cmd(args: argparse.Namespace) -> int:
     from posenc_bench.analysis import report
-    from posenc_bench.analysis.tables import load_runs
+    from posenc_bench.analysis.runs import load_runs
     from posenc_bench.files import atomic_write_text
 
     runs = load_runs(args.results)

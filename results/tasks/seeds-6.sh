@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# Seeds 3, 4 and 5 of every row of the task folders (issue: task-track findings need at least 6 seeds, since an
-# exact sign test over n paired seeds cannot go below p = 2 / 2^n: 0.25 at 3 seeds, 0.031 at 6).
-# Two queues of one thread each, resumable: a rerun skips finished cells and resumes a model from its last save.
-# Each queue's folders are merged into results/tasks/<task> once all three seeds of the task are in.
-#   bash results/tasks/seeds-6.sh A   # needle, reverse, addition
-#   bash results/tasks/seeds-6.sh B   # copy, addition-hints
+# More seeds for every row of the task folders: a task finding needs at least 6 seeds, since the exact sign-flip
+# test over n paired seeds cannot go below p = 2 / 2^n (0.25 at 3 seeds, 0.0625 at 5, 0.031 at 6, 0.002 at 10).
+# Seeds 0-2 are the committed folders'; this adds a batch of seeds (SEEDS, default 3,4,5; then 6,7,8,9) into
+# runs/tasks-<batch>/<task>, two queues of one thread each, resumable: a rerun skips finished cells and resumes
+# a model from its last save. Then each task's batches are merged with its committed folder:
+#   SEEDS=3,4,5 bash results/tasks/seeds-6.sh A & SEEDS=3,4,5 bash results/tasks/seeds-6.sh B; wait
+#   SEEDS=6,7,8,9 bash results/tasks/seeds-6.sh A & SEEDS=6,7,8,9 bash results/tasks/seeds-6.sh B; wait
+#   for t in copy reverse needle addition addition-hints; do
+#     posenc-bench merge results/tasks/$t runs/tasks-6/$t runs/tasks-10/$t --out results/tasks/$t; done
 set -euo pipefail
+SEEDS=${SEEDS:-3,4,5}
+batch=$(( $(echo "$SEEDS" | tr ',' '\n' | tail -n 1) + 1 ))  # 3,4,5 -> tasks-6; 6,7,8,9 -> tasks-10
 case "${1:?queue A or B}" in
   A) tasks="needle reverse addition" ;;
   B) tasks="copy addition-hints" ;;
   *) echo "queue A or B, got $1" >&2; exit 2 ;;
 esac
 for task in $tasks; do
-  posenc-bench run --config tasks-$task --seeds 3,4,5 --threads 1 --progress off --out runs/tasks-6/$task
+  posenc-bench run --config tasks-$task --seeds "$SEEDS" --threads 1 --progress off --out "${OUT:-runs}/tasks-$batch/$task"
 done

@@ -7,7 +7,7 @@ from tests.analysis.fake_results import rec, results
 from posenc_bench.analysis.context import (context_positions, context_use, cost_table, late_spread, on_plateau,
                                            plateau_note, plateau_rows, training_table)
 from posenc_bench.analysis.report import render
-from posenc_bench.analysis.tables import Run
+from posenc_bench.analysis.runs import Run
 
 
 def positions(r, early, late):

@@ -2,13 +2,19 @@
 grouped, ordered by effect, and nothing else."""
 
 import math
+from itertools import combinations
+from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tests.analysis.fake_results import unit_results
+from posenc_bench import metrics
 from posenc_bench.analysis import findings
 from posenc_bench.analysis.stats.intervals import CHECKPOINT, METHOD, Intervals
-from posenc_bench.analysis.tables import Run
+from posenc_bench.analysis.runs import Run, load_runs, row_order
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _findings(data):
@@ -94,3 +100,34 @@ def test_a_task_runs_findings_are_differences_of_exact_match_with_the_more_accur
     assert (f.better, f.worse, f.length) == ("alibi", "rope", 100) and f.comparison.interval.value == 0.25
     text = findings.markdown([fs], 0.95)
     assert "A - B of exact match" in text and "- alibi > rope: 1x 0.250 (p 0.0039, 1 seed)" in text and "Against its own 1x" not in text
+
+
+COMMITTED = sorted(str(p.parent.relative_to(ROOT)) for p in (ROOT / "results").rglob("results.json")
+                   if "step-probe" not in str(p) and "timing" not in str(p))
+
+
+@pytest.mark.parametrize("folder", COMMITTED)
+def test_every_committed_folder_finds_the_same_whichever_row_is_named_first(folder):
+    """B / A is the reciprocal of A / B, bounds and p-value included (a share's difference its negative), and the
+    findings are the same set with the rows listed in the opposite order; no bound of a positive value is negative."""
+    run = load_runs([ROOT / folder])[0]
+    iv = Intervals(run.data["records"], draws=400)
+    value = iv.kind.primary
+    for length in iv.lengths:
+        for a, b in combinations(iv.rows, 2):
+            ab, ba = iv.compare(value, a, b, length), iv.compare(value, b, a, length)
+            if ab is None:
+                continue
+            assert ba.p == pytest.approx(ab.p, rel=1e-9, abs=1e-12)
+            if metrics.get(value).difference:
+                assert ba.value == pytest.approx(-ab.value, abs=1e-12)
+            elif math.isfinite(ab.interval.lo):
+                assert (ba.value, ba.interval.lo, ba.interval.hi) == pytest.approx(
+                    (1 / ab.value, 1 / ab.interval.hi, 1 / ab.interval.lo), rel=1e-9)
+                assert ab.interval.lo > 0 and ba.interval.lo > 0
+    forward = findings.run_findings(run, iv)
+    flipped = Run(run.label, run.path, {**run.data, "run": {**run.data["run"], "rows": row_order(run.data)[::-1]}})
+    backward = findings.run_findings(flipped, iv)
+    key = lambda fs: sorted((f.better, f.worse, f.length, round(f.comparison.value, 12))  # noqa: E731
+                            for f in fs.between + fs.from_1x + fs.extrapolation)
+    assert key(forward) == key(backward) and forward.made == backward.made

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from posenc_bench.analysis import plots
-from posenc_bench.analysis.tables import load_runs
+from posenc_bench.analysis.runs import load_runs
 from posenc_bench.commands.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]

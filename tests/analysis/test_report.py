@@ -11,7 +11,7 @@ import pytest
 
 from tests.analysis.fake_results import rec, results, unit_results, write
 from posenc_bench.analysis import report
-from posenc_bench.analysis.tables import ReportError, Run, load_runs
+from posenc_bench.analysis.runs import ReportError, Run, load_runs
 from posenc_bench.commands.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -194,13 +194,21 @@ def test_compare_on_a_task_run_is_the_paired_difference_of_exact_match(tmp_path,
 
     rope, alibi = [1] * 30 + [0] * 10, [1] * 40  # alibi gets the 10 that rope misses, at every seed
     folder = write(tmp_path / "run", task_results([arec(e, s, L, c) for e, c in (("rope", rope), ("alibi", alibi))
-                                                   for s in (0, 1) for L in (100, 200)]))
+                                                   for s in range(7) for L in (100, 200)], seeds=tuple(range(7))))
     assert main(["report", str(folder), "--value", "accuracy", "--compare", "rope"]) == 0
     out = capsys.readouterr().out
     assert "Exact match minus rope's at the same size (paired by instance and seed)" in out
     assert "Perplexity relative" not in out
     alibi_line = next(line for line in out.splitlines() if line.startswith("| alibi") and "0.250" in line)
-    assert alibi_line.count("0.250") == 2 and alibi_line.count("*") == 2  # 10 of 40 instances at both sizes
+    # 10 of 40 instances at both sizes on all 7 seeds: sign-flip p = 2 / 2^7 each, 0.031 after Holm over the two
+    assert alibi_line.count("0.250") == 2 and alibi_line.count("*") == 2
+    assert "family: every row against rope at every length, 2 comparisons; Holm at 5% (family-wise error): 2 hold" in out
+    two = write(tmp_path / "two", task_results([arec(e, s, 100, c) for e, c in (("rope", rope), ("alibi", alibi))
+                                                for s in (0, 1)]))
+    assert main(["report", str(two), "--value", "accuracy", "--compare", "rope"]) == 0
+    two_out = capsys.readouterr().out  # 2 seeds: the smallest p of the sign-flip test is 0.5, no finding possible
+    assert "*" not in next(line for line in two_out.splitlines() if line.startswith("| alibi"))
+    assert "1 could not at their number of seeds" in two_out
     assert "Answer tokens right minus" not in out  # only what --value asked for
     assert main(["report", str(folder), "--value", "accuracy,token_accuracy", "--compare", "rope"]) == 0
     out = capsys.readouterr().out

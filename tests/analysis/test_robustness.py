@@ -8,7 +8,7 @@ import pytest
 
 from posenc_bench.analysis import robustness
 from posenc_bench.analysis.findings import run_findings
-from posenc_bench.analysis.tables import load_runs
+from posenc_bench.analysis.runs import load_runs
 from posenc_bench.commands.cli import main
 from tests.analysis.fake_results import run_meta, urec, write
 

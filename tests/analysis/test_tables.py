@@ -7,8 +7,8 @@ import pytest
 
 from tests.analysis.fake_results import RECORDS, rec, results, unit_results, write
 from posenc_bench.analysis.report import cell_text
-from posenc_bench.analysis.tables import (ReportError, Run, annotate, build_table, compare_table, load_runs, row_order,
-                                          run_intervals, train_len)
+from posenc_bench.analysis.tables import annotate, build_table, compare_table
+from posenc_bench.analysis.runs import ReportError, Run, load_runs, run_intervals
 from posenc_bench.commands.cli import main
 
 
@@ -50,13 +50,6 @@ def test_best_in_each_column_is_marked_and_ties_all_count():
     ratio = build_table([run], "ratio")
     assert not any(ratio.cells[row, 0].best for row in "abc")  # 1x is 1.00 by definition: no mark
     assert ratio.cells["a", 1].best and ratio.cells["a", 1].mean == pytest.approx(6.0 / 4.001)
-
-
-def test_rows_keep_the_declared_order_then_the_records_and_the_train_length_is_the_runs():
-    data = results(rows=["learned"])
-    assert row_order(data) == ["learned", "rope", "bad"]
-    assert train_len(data["run"]) == 100  # an older run: its config's
-    assert train_len({"train_len": 8192, "config": {"eval": {}}}) == 8192  # an eval of a pretrained model
 
 
 def test_several_runs_side_by_side(tmp_path):

@@ -5,7 +5,7 @@ from posenc_bench.commands.cli import main
 
 def test_report_format_markdown_is_md(tmp_path, capsys):
     from posenc_bench.analysis import report
-    from posenc_bench.analysis.tables import load_runs
+    from posenc_bench.analysis.runs import load_runs
 
     folder = "results/default"  # committed
     assert main(["report", folder, "--format", "md"]) == 0

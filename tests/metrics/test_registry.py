@@ -60,7 +60,7 @@ def test_unknown_and_twice_registered_metrics_are_errors_naming_the_valid_ones()
 def test_a_plugin_metric_is_in_the_report_the_gate_and_the_plots(plugin, tmp_path, capsys):
     from posenc_bench.analysis import gate, plots
     from posenc_bench.analysis.report import render
-    from posenc_bench.analysis.tables import load_runs
+    from posenc_bench.analysis.runs import load_runs
     from posenc_bench.commands.cli import main
 
     data = unit_results(seeds=(0, 1, 2))

@@ -51,7 +51,8 @@ def test_over_seeds_status_values_and_reason():
 
 def test_the_table_and_the_gate_read_the_same_numbers():
     from posenc_bench.analysis import gate
-    from posenc_bench.analysis.tables import Run, build_table
+    from posenc_bench.analysis.tables import build_table
+    from posenc_bench.analysis.runs import Run
 
     data = results()
     table = build_table([Run("", "", data)], "ratio", mark_best=False)
