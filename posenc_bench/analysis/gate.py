@@ -15,9 +15,10 @@ encoding row under ``gate.per_encoding``), widened where noise could explain mor
 
 - when both files carry per-unit numbers (``analysis/stats/intervals.py``), a change fails only when it is beyond
   the tolerance AND its 95% interval excludes 0: the interval of current / baseline - 1, paired over the same
-  eval units (both runs scored the same text) and seed by seed (``Intervals.compare``: with several seeds a
-  t-interval over the seeds widened by the text's bootstrap). ``allowed`` is then the
-  larger of the tolerance and the change minus the interval's lower bound;
+  eval units (both runs scored the same text) and seed by seed (``Intervals.compare``: on the log scale, the
+  seeds' t part with the text's document bootstrap). Every check of one gate is one family, corrected by Holm
+  (a false alarm fails a build), so each interval is at the Bonferroni level 1 - 5% / checks. ``allowed`` is then
+  the larger of the tolerance and the change minus the interval's lower bound;
 - for older baselines without them, when the baseline has two or more seeds, the tolerance is widened to
   ``gate.sigmas`` standard errors of the difference of two means, from the baseline's seed spread:
   ``sigmas * std / mean * sqrt(1/n_baseline + 1/n_current)``, so seed noise does not fail the gate.
@@ -26,7 +27,8 @@ The table says which bound decided each check (``allowed_from``).
 
 A task run (``bench/tasks``: exact match) is gated on ``accuracy``, the mean exact match over seeds at every
 size: its *drop* in points (baseline - current) against ``gate.acc_tol``, widened by the paired interval of the
-difference (the same test instances in both runs) or the baseline's seed spread as above.
+difference at one seed (the same test instances in both runs), or the baseline's seed spread as above over
+several seeds (exact match over seeds has no valid interval: ``analysis/stats/intervals.py``).
 
 Verdicts: ``ok``; ``improved`` (better by more than allowed: consider updating the baseline);
 ``REGRESSED`` (worse by more than allowed, or ok in the baseline but n/a or diverged now); ``MISSING``

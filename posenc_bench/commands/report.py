@@ -26,8 +26,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     rp.add_argument("--digits", type=int, default=2, help="decimals in table cells (default 2)")
     rp.add_argument("--no-best", action="store_true", help="do not bold the best value in each column")
     rp.add_argument("--ci", type=float, default=0.95, metavar="LEVEL",
-                    help="level of the intervals, between 0 and 1 (default 0.95): t-intervals over the training "
-                         "seeds widened by the text's bootstrap, or with one seed the text's alone (this checkpoint)")
+                    help="level of the intervals and of the correction for the number of comparisons, between 0 "
+                         "and 1 (default 0.95): on the log scale, t over the training seeds with the text's document "
+                         "bootstrap, or with one seed the text's alone (this checkpoint)")
     rp.add_argument("--compare", metavar="ROW",
                     help="add every row's ppl relative to ROW (e.g. rope) at the same length, with its paired "
                          "interval; * where the interval excludes 1 by at least 0.1%%; on a task run, exact match "

@@ -148,7 +148,7 @@ def test_a_later_sweep_of_more_seeds_for_some_rows_merges_with_the_first(sweeps,
     assert all(single[(r["encoding"], r["seed"], r["eval_len"])] == r["ppl"] for r in merged["records"] if r["seed"] < 2)
     table = (tmp_path / "m" / "table.md").read_text()
     assert "Seeds per row (each row's interval rests on its own): rope, rope-linear: 4 seeds (0,1,2,3); alibi: 2 seeds (0,1)" in table
-    assert "t-intervals over each row's training seeds' values (2-4 seeds; a comparison pairs the seeds both rows have)" in table
+    assert "t over each row's training seeds' values (2-4 seeds; a comparison pairs the seeds both rows have)" in table
     (more / "results.shard-2-of-2.json").unlink()  # a sweep with a shard file absent: named with its folder
     assert main(["merge", str(sweeps / "shared"), str(more), "--out", str(tmp_path / "m2")]) == 2
     assert f"(no {more}/results.shard-2-of-2.json)" in capsys.readouterr().err
