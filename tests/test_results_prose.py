@@ -56,9 +56,10 @@ import yaml
 from posenc_bench import metrics
 from posenc_bench.analysis import report
 from posenc_bench.analysis.context import context_use
-from posenc_bench.analysis.intervals import CI, seed_values, t_quantile
-from posenc_bench.analysis.seeds import mean_std, ratios_to_1x
-from posenc_bench.analysis.tables import load_runs, run_intervals, train_len
+from posenc_bench.analysis.runs import load_runs, run_intervals, train_len
+from posenc_bench.analysis.stats.distributions import t_quantile
+from posenc_bench.analysis.stats.intervals import CI, seed_values
+from posenc_bench.analysis.stats.seeds import mean_std, ratios_to_1x
 
 ROOT = Path(__file__).resolve().parents[1]
 
