@@ -59,9 +59,10 @@ def add_caption(fig, runs: Sequence[Run]) -> None:
 
 def _mean_by_length(records: list[dict], row: str, iv: Optional[Intervals] = None, value: str = "ppl"
                     ) -> list[tuple[int, float, float, float]]:
-    """(eval length, mean, error below, error above) of the metric ``value`` ("ppl", "ratio": ppl over the same
-    row and seed's ppl at 1x, ...) over the seeds that are ok, for every length with at least one: the interval
-    (analysis/stats/intervals.py) where ``iv`` has one, else mean ± std over seeds."""
+    """(eval length, estimate, error below, error above) of the metric ``value`` ("ppl", "ratio": ppl over the same
+    row and seed's ppl at 1x, ...) over the seeds that are ok, for every length with at least one: the estimate
+    and interval (analysis/stats/intervals.py) where ``iv`` has one; the mean and the lowest to the highest seed
+    where no interval is valid (a task over seeds, seeds that disagree on learning); else mean ± std over seeds."""
     records, key = with_value(records, metrics.get(value))
     out = []
     for L in sorted({r["eval_len"] for r in records if r["encoding"] == row}):
@@ -69,8 +70,13 @@ def _mean_by_length(records: list[dict], row: str, iv: Optional[Intervals] = Non
         vals = over_seeds(group, key).values
         if vals:
             mean, std = mean_std(vals)
-            i = iv.interval(value, row, L) if iv is not None else None
-            out.append((L, mean, mean - i.lo, i.hi - mean) if i is not None else (L, mean, std or 0.0, std or 0.0))
+            i = iv.interval(value, row, L) if iv is not None and iv.available else None
+            if i is not None:
+                out.append((L, i.value, i.value - i.lo, i.hi - i.value))
+            elif iv is not None and iv.available:  # declined: the seeds' range, no interval
+                out.append((L, mean, mean - min(vals), max(vals) - mean))
+            else:
+                out.append((L, mean, std or 0.0, std or 0.0))
     return out
 
 

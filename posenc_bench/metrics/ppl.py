@@ -23,6 +23,6 @@ PPL = register(Metric(
     compare_title=(f"Perplexity relative to {{ref}} at the same length (paired; the geometric mean over seeds); *: a "
                    f"finding after the correction for the table's comparisons, the difference at least {MIN_EFFECT:.1%}"),
     plot=("Perplexity against eval length (same target tokens at every length). Bands: each row's own {ci} "
-          "interval, unpaired:\noverlapping bands can still differ; the paired comparisons are the table's "
-          "(report --compare, --findings)", "perplexity (lower is better)", "ppl_vs_length"),
+          "interval, unpaired\n(the seeds' range where they disagree on learning): overlapping bands can still "
+          "differ; the paired comparisons are the table's", "perplexity (lower is better)", "ppl_vs_length"),
 ))

@@ -14,6 +14,7 @@ RATIO = register(Metric(
     title="Perplexity relative to the same model at the train length (1x)",
     gate_tolerance="ratio_tol", at_1x=False,
     plot=("Perplexity relative to the same model at the train length (1x). Bands: the paired {ci} interval "
-          "of each row's\nratio to its own 1x, as in the ratio table", "ppl / ppl at 1x (1 = no change)",
+          "of each row's\nratio to its own 1x, as in the ratio table (the seeds' range where they disagree on "
+          "learning)", "ppl / ppl at 1x (1 = no change)",
           "ratio_vs_length"),
 ))
