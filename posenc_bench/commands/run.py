@@ -134,6 +134,7 @@ def cmd(args: argparse.Namespace) -> int:
 
     from posenc_bench.bench.run import dist as distributed
     from posenc_bench.analysis.context import plateau_rows, unlearned_rows
+    from posenc_bench.analysis.learned import unlearned_seeds
     from posenc_bench.analysis.report import results_markdown, write_tables
     from posenc_bench.bench.run.runtime import Runtime
     from posenc_bench.bench.sweep import Sweep, train_worker
@@ -165,12 +166,16 @@ def cmd(args: argparse.Namespace) -> int:
     table = write_tables(cfg.out, data) if shard is None else results_markdown(data)  # a shard's table is merge's
     print()
     print(table.rstrip())
-    failed = unlearned_rows(data["records"])
+    def by_seed(rows: list[str]) -> list[str]:  # each flagged row with the seeds that did not learn
+        return [f"{row} (seed{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))})"
+                for row in rows for bad in [unlearned_seeds(data["records"], row)]]
+
+    failed = by_seed(unlearned_rows(data["records"]))
     if failed:
         print(f"\nnote: {', '.join(failed)} did not learn the task (exact match at 1x below 90%): their "
               "extrapolation numbers say nothing about the encoding; a bigger or longer-trained model (--steps, "
               "--set model.d_model=...) learns it")
-    flat = plateau_rows(data["records"])
+    flat = by_seed(plateau_rows(data["records"]))
     if flat:
         print(f"\nnote: {', '.join(flat)} did not learn to use context (1x loss late in the window not "
               "below the first positions): their extrapolation numbers say little about the encoding; a bigger "

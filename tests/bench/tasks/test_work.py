@@ -74,6 +74,7 @@ def test_a_task_run_records_accuracy_per_instance_and_resumes(tmp_path, capsys):
     args = ["run", "--config", "tasks-ci", "--encodings", "rope,alibi", "--steps", "30", "--set", "task.train_size=6",
             "--set", "task.eval_instances=24", "--out", str(tmp_path / "t"), "--progress", "off"]
     assert main(args) == 0
+    assert "note: rope (seeds 0, 1), alibi (seeds 0, 1) did not learn the task" in capsys.readouterr().out  # per seed
     data = json.loads((tmp_path / "t" / "results.json").read_text())
     run, recs = data["run"], data["records"]
     assert run["train_len"] == 6 and run["eval_lengths"] == [6, 9, 12, 24] and run["config"]["train"]["train_len"] == 13
