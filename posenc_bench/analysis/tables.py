@@ -150,6 +150,7 @@ def _mark_best(table: Table, intervals: dict[str, Intervals]) -> None:
         best = pick(shown, key=shown.get)
         pending.append((j, best, {row: iv.compare(table.value, row, best, col.eval_len) for row in shown
                                   if row != best}))
+    undecided: set[str] = set()
     flat = [c for _, _, cs in pending for c in cs.values()]
     table.family, adjusted = correct("each row against the best of its column", flat, CI if not intervals else
                                      next(iter(intervals.values())).ci)
@@ -162,10 +163,18 @@ def _mark_best(table: Table, intervals: dict[str, Intervals]) -> None:
             cell.tied = cell.significant is False and c.possible  # a test that could not decide ties nothing
             cell.checkpoint = cell.tied and c.level == CHECKPOINT
         top = table.cells[best, j]
-        top.significant = top.best = all(c is not None and c.significant for c in comparisons.values())
+        decided = [c for c in comparisons.values() if c is not None and c.possible]  # an exact test over too few
+        # seeds cannot decide: such a row neither stops a bold nor is tied (the table's note names it)
+        top.significant = top.best = bool(decided) and all(c is not None and (c.significant or not c.possible)
+                                                           for c in comparisons.values())
+        undecided.update(row for row, c in comparisons.items() if c is not None and not c.possible)
         top.tied = any(cell.tied for row, cell in ((r, table.cells[r, j]) for r in comparisons))  # tied for best
         top.checkpoint = (top.best or top.tied) and any(c.level == CHECKPOINT for c in comparisons.values()
                                                         if c is not None)
+    if undecided:
+        table.notes.append(f"{', '.join(r for r in table.rows if r in undecided)}: not compared with the best, since no "
+                           "test over so few seeds could decide (an exact sign-flip test, used where a row's seeds "
+                           "disagree on learning or for a task, cannot go below p = 2 / 2^seeds)")
 
 
 def compare_table(runs: Sequence[Run], ref: str, intervals: dict[str, Intervals], *, digits: int = 2,
