@@ -280,7 +280,8 @@ def _claims_block(claims: Setting, settings: list[Setting], rows: list[str]) -> 
                      + f" | {'yes' if holds else 'same way, every seed' if seeds_too else 'same way' if same else 'no'}"
                      + " |")
     which = f": {'; '.join(reversed_)}" if reversed_ else ""
-    return (head + f"\n{family.describe().capitalize()} ({len(items)} claims x {len(settings)} settings; intervals at the "
+    said = family.describe()
+    return (head + f"\n{said[0].upper() + said[1:]} ({len(items)} claims x {len(settings)} settings; intervals at the "
             f"false-coverage-adjusted level). {every} of {len(items)} claims hold in every setting; {same_way} more point the claim's way "
             "in every setting without being shown at the seed level in each (*same way* in the last column), "
             f"{every_seed} of them at every seed of every setting, each seed's own ratio on the whole text (*same "
