@@ -172,9 +172,9 @@ def _mark_best(table: Table, intervals: dict[str, Intervals]) -> None:
         top.checkpoint = (top.best or top.tied) and any(c.level == CHECKPOINT for c in comparisons.values()
                                                         if c is not None)
     if undecided:
-        table.notes.append(f"{', '.join(r for r in table.rows if r in undecided)}: not compared with the best, since no "
-                           "test over so few seeds could decide (an exact sign-flip test, used where a row's seeds "
-                           "disagree on learning or for a task, cannot go below p = 2 / 2^seeds)")
+        table.notes.append(f"{', '.join(r for r in table.rows if r in undecided)}: in some column no test could tell it "
+                           "from the best (the exact sign-flip test, used for a task or where a row's seeds disagree "
+                           "on learning, cannot go below p = 2 / 2^n over n seeds that differ): unmarked there")
 
 
 def compare_table(runs: Sequence[Run], ref: str, intervals: dict[str, Intervals], *, digits: int = 2,

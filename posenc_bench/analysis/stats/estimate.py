@@ -64,6 +64,7 @@ class Estimate:
     log: bool = False
     exact_p: Optional[float] = None  # an exact test's p-value, where no interval is valid
     declined: str = ""  # why no interval is printed ("" where one is)
+    min_p: float = 0.0  # the smallest p-value the test could give on any data of this shape (discrete tests)
 
     @property
     def value(self) -> float:

@@ -178,9 +178,9 @@ class Intervals:
             return _sign_flip(diff, why, not metric.difference, common)
         ca, cb = self._counts(value, row, length), self._counts(value, ref, length)
         if ca is not None and cb is not None:  # one seed, 0/1 outcomes on the same instances: McNemar's exact test
-            e = Estimate(float(diff[0]), exact_p=mcnemar_p(int(((ca == 1) & (cb == 0)).sum()),
-                                                            int(((ca == 0) & (cb == 1)).sum())),
-                         declined="no interval: McNemar's exact test")
+            only_a, only_b = int(((ca == 1) & (cb == 0)).sum()), int(((ca == 0) & (cb == 1)).sum())
+            e = Estimate(float(diff[0]), exact_p=mcnemar_p(only_a, only_b), declined="no interval: McNemar's exact test",
+                         min_p=mcnemar_p(only_a + only_b, 0))
             return Comparison(e, **common)
         bounds = (metric.bounds[0] - metric.bounds[1], metric.bounds[1] - metric.bounds[0]) if metric.bounds else None
         return Comparison(_estimate(metric, self.draws.clusters, a - b), bounds=bounds, **common)
@@ -241,11 +241,13 @@ def _mixed(iv: "Intervals", rows: tuple[str, ...], seeds: list) -> Optional[tupl
 def _sign_flip(diff: np.ndarray, why: str, log: bool, common: dict) -> Comparison:
     """The comparison of paired per-seed differences ``diff`` (k,) by the exact sign-flip test, no interval
     (``why``); "no finding possible at k seeds" where even every seed one way cannot reach the level."""
-    nonzero = int((np.abs(diff) > 1e-12).sum())
+    nonzero = int((np.abs(diff) > 1e-12).sum())  # seeds that differ: the others give the test nothing
     k = len(diff)
-    note = "" if smallest_sign_flip_p(nonzero) < 1 - common["ci"] else f"no finding possible at {k} seeds"
-    return Comparison(Estimate(float(diff.mean()), exact_p=sign_flip_p(diff), declined=why, log=log), note=note,
-                      **common)
+    note = ("" if nonzero == 0 or smallest_sign_flip_p(nonzero) < 1 - common["ci"]  # no seed differs: a tie, decided
+            else f"no finding possible at {k} seeds" if nonzero == k else f"no finding possible: {nonzero} of {k} seeds differ")
+    e = Estimate(float(diff.mean()), exact_p=sign_flip_p(diff), declined=why, log=log,
+                 min_p=smallest_sign_flip_p(nonzero))
+    return Comparison(e, note=note, **common)
 
 
 def _describe(self: "Intervals") -> str:

@@ -33,6 +33,12 @@ def test_a_small_family_is_corrected_by_holm_and_none_entries_pass_through():
 
 
 def test_an_impossible_comparison_is_counted():
-    impossible = Comparison(Estimate(0.5, exact_p=0.25), METHOD, 3, null=0.0, note="no finding possible at 3 seeds")
+    impossible = Comparison(Estimate(0.5, exact_p=0.25, min_p=0.25), METHOD, 3, null=0.0,
+                            note="no finding possible at 3 seeds")
     family, _ = correct("tasks", [impossible] * 6, 0.95)
-    assert family.findings == 0 and family.impossible == 6 and "6 could not at their number of seeds" in family.describe()
+    assert family.findings == 0 and family.impossible == 6 and family.tested == 0
+    assert "6 could not be findings whatever their data" in family.describe()
+    possible = Comparison(Estimate(0.5, exact_p=0.002, min_p=0.002), METHOD, 10, null=0.0)
+    family, out = correct("tasks", [impossible] * 6 + [possible] * 2, 0.95)  # the correction is over the 2 only
+    assert family.method == HOLM and family.tested == 2 and out[-1].p_adjusted == pytest.approx(0.004)
+    assert out[0].p_adjusted == 0.25 and family.findings == 2
