@@ -91,11 +91,7 @@ def run_findings(run: Run, iv: Intervals) -> Findings:
 
 def _ratio_to_1x(iv: Intervals, ratio: str, row: str, length: int) -> Optional[Comparison]:
     """The row's ppl at ``length`` over its own 1x, as a Comparison against 1."""
-    e = iv.estimate(ratio, row, length)
-    if e is None:
-        return None
-    m = metrics.get(ratio)
-    return Comparison(e, iv.level(row, length), iv.seeds_measured(row, length), ci=iv.ci, min_effect=m.smallest)
+    return iv.against_null(ratio, row, length)
 
 
 def _multiple(length: int, T: int) -> str:

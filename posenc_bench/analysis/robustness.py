@@ -127,10 +127,9 @@ def _measure(setting: Setting, f: Finding, kind: str) -> Optional[tuple[Comparis
     length = round(f.length / f.train_len * setting.T)
     iv = setting.iv
     if kind == "from_1x":
-        e = iv.estimate("ratio", f.better, length)
-        if e is None:
+        c = iv.against_null("ratio", f.better, length)
+        if c is None:
             return None
-        c = Comparison(e, iv.level(f.better, length), iv.seeds_measured(f.better, length), ci=iv.ci)
         return c, f.comparison.value > 1, seed_values(iv, "ratio", f.better, length)
     value = "ppl" if kind == "between" else "ratio"
     c = iv.compare(value, f.better, f.worse, length)

@@ -99,7 +99,7 @@ def test_a_task_runs_findings_are_differences_of_exact_match_with_the_more_accur
     (f,) = fs.between
     assert (f.better, f.worse, f.length) == ("alibi", "rope", 100) and f.comparison.interval.value == 0.25
     text = findings.markdown([fs], 0.95)
-    assert "A - B of exact match" in text and "- alibi > rope: 1x 0.250 (p 0.0039, 1 seed)" in text and "Against its own 1x" not in text
+    assert "A - B of exact match" in text and "- alibi > rope: 1x 0.250 (p 0.002, 1 seed)" in text and "Against its own 1x" not in text
 
 
 COMMITTED = sorted(str(p.parent.relative_to(ROOT)) for p in (ROOT / "results").rglob("results.json")

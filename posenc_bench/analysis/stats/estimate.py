@@ -88,6 +88,8 @@ class Estimate:
         interval excludes it (to about 1% of its size), or the exact test's."""
         if self.exact_p is not None:
             return self.exact_p
+        if self.declined:  # no valid interval and no exact test: nothing can be claimed
+            return 1.0
         d = abs(self.center - (math.log(null) if self.log else null))
         live = [(se, df) for se, df in self.parts if se > 0]
         if d == 0:

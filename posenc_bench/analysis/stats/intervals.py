@@ -152,11 +152,19 @@ class Intervals:
         n = self.seeds_measured(row, length)
         return None if n == 0 else METHOD if n >= MIN_SEEDS else CHECKPOINT
 
-    def same_model(self, a: str, b: str) -> bool:
-        """Whether rows a and b evaluate the same trained model at every seed (a scaling and its base)."""
-        return all(self.models.get((a, s)) == self.models.get((b, s)) for s in self.seeds)
-
     # ------------------------------------------------------------------------------------- the comparisons
+
+    def against_null(self, value: str, row: str, length: int) -> Optional[Comparison]:
+        """``row``'s ``value`` at ``length`` against the metric's null (a ratio to 1x against 1): its estimate, or
+        the exact sign-flip test of its per-seed logs where its seeds disagree on learning."""
+        got = self._at(value, (row,), length)
+        if got is None:
+            return None
+        metric, (x,), seeds = metrics.get(value), got[0], got[1]
+        k, common = len(x), _common(self, metric, len(x))
+        if k >= MIN_SEEDS and (mixed := _mixed(self, (row,), seeds)):
+            return _sign_flip(np.log(x[:, 0]), MIXED.format(n=mixed[0], k=mixed[1]), True, common)
+        return Comparison(_estimate(metric, self.draws.clusters, x), **common)
 
     def compare(self, value: str, row: str, ref: str, length: int) -> Optional[Comparison]:
         """``row`` / ``ref`` of ``value`` at ``length`` (``row`` - ``ref`` for a metric compared as a difference),
@@ -166,9 +174,7 @@ class Intervals:
             return None
         metric = metrics.get(value)
         (a, b), seeds = got
-        k = len(a)
-        level = METHOD if k >= MIN_SEEDS else CHECKPOINT
-        common = dict(level=level, seeds=k, ci=self.ci, null=metric.null, min_effect=metric.smallest)
+        k, common = len(a), _common(self, metric, len(a))
         mixed = _mixed(self, (row, ref), seeds) if k >= MIN_SEEDS else None
         if not metric.difference and not mixed:
             return Comparison(_estimate(metric, self.draws.clusters, a / b), **common)
@@ -203,10 +209,6 @@ class Intervals:
         """One line for a caption: what the intervals are."""
         return _describe(self)
 
-    def seeds_one(self) -> bool:
-        """Whether some row has a number at some length from fewer than MIN_SEEDS seeds."""
-        counts = self.draws.measured.sum(axis=1)  # (R, L)
-        return bool(((counts > 0) & (counts < MIN_SEEDS)).any())
 
 
 def _estimate(metric: metrics.Metric, clusters: int, x: np.ndarray) -> Estimate:
@@ -238,6 +240,12 @@ def _mixed(iv: "Intervals", rows: tuple[str, ...], seeds: list) -> Optional[tupl
     return None
 
 
+def _common(iv: "Intervals", metric: metrics.Metric, k: int) -> dict:
+    """What every comparison of ``metric`` over ``k`` seeds in common carries besides its estimate."""
+    return dict(level=METHOD if k >= MIN_SEEDS else CHECKPOINT, seeds=k, ci=iv.ci, null=metric.null,
+                min_effect=metric.smallest)
+
+
 def _sign_flip(diff: np.ndarray, why: str, log: bool, common: dict) -> Comparison:
     """The comparison of paired per-seed differences ``diff`` (k,) by the exact sign-flip test, no interval
     (``why``); "no finding possible at k seeds" where even every seed one way cannot reach the level."""
@@ -250,6 +258,12 @@ def _sign_flip(diff: np.ndarray, why: str, log: bool, common: dict) -> Compariso
     return Comparison(e, note=note, **common)
 
 
+def _seeds_one(iv: "Intervals") -> bool:
+    """Whether some row has a number at some length from fewer than MIN_SEEDS seeds."""
+    counts = iv.draws.measured.sum(axis=1)  # (R, L)
+    return bool(((counts > 0) & (counts < MIN_SEEDS)).any())
+
+
 def _describe(self: "Intervals") -> str:
     """One line for a caption: what the intervals are."""
     if self.problem:
@@ -259,12 +273,12 @@ def _describe(self: "Intervals") -> str:
         seed_level = (f"exact match over {_seeds_text(self)}: no interval (bimodal), rows compared by the exact "
                       f"sign-flip test of paired seeds" if len(self.seeds) >= MIN_SEEDS else "")
         one = "one seed: exact (Clopper-Pearson) intervals and McNemar's test on the same instances, " \
-              "about this checkpoint" if self.seeds_one() else ""
+              "about this checkpoint" if _seeds_one(self) else ""
     else:
         seed_level = (f"on the log scale, t over {_seeds_text(self)} combined with {text}"
                       if len(self.seeds) >= MIN_SEEDS else "")
         one = (f"{'rows with one seed' if seed_level else 'one seed'}: {text} only, about this checkpoint"
-               if self.seeds_one() else "")
+               if _seeds_one(self) else "")
     parts = [p for p in (seed_level, one) if p]
     primary = metrics.get(self.kind.primary)
     smallest = f"{primary.smallest * 100:g} percentage point" if primary.difference else f"{primary.smallest:.1%}"
