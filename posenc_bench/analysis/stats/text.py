@@ -7,8 +7,10 @@ draw of the text for both rows). A cluster is what is independent:
 - text whose units record their document (``units["doc"]``, ``bench/eval/evaluate.py``): a document (a speech,
   a source file, a play). Units of one document share its topic and style, so resampling units as if
   independent makes the spread several times too small;
-- text whose units lack document ids (folders made before they were recorded), or that holds one document: a
-  unit, and the caption says so (the interval is then too narrow by the documents' share of the variance);
+- text whose units lack document ids (folders made before they were recorded), or that holds fewer than
+  MIN_DOCUMENTS documents: a unit, and the caption says so. With so few documents nothing can be said about
+  other documents (t(1) is 12.7), so the interval is about these documents' text, resampled by units, and too
+  narrow for other text by the documents' share of the variance;
 - a task: a test instance (each its own sequence, drawn independently).
 
 A bootstrap of G clusters underestimates the variance of a mean by (G - 1) / G, and its spread is read with
@@ -24,6 +26,7 @@ import numpy as np
 
 from posenc_bench import metrics
 
+MIN_DOCUMENTS = 5  # fewer documents than this: the units are resampled (an interval about these documents' text)
 DRAWS = 2000  # text bootstrap draws: the bounds move by well under a tenth of the width between bootstrap seeds
 SEED = 0  # the bootstrap's own seed: the same results give the same intervals
 
@@ -49,8 +52,10 @@ class Draws:
         if self.documents is None:
             return (f"the text resampled over {units} as if independent (their documents are not recorded: too "
                     "narrow where units share a document)")
-        if self.documents < 2:
-            return f"the text resampled over {units} of its one document (units of one document are not independent)"
+        if self.documents < MIN_DOCUMENTS:
+            which = "its one document" if self.documents == 1 else f"its {self.documents} documents"
+            return (f"the text resampled over {units} of {which} (about this text: units of one document are not "
+                    "independent)")
         return f"the text resampled by document ({self.documents} documents, {units})"
 
 
@@ -104,7 +109,7 @@ def _clusters(doc: Optional[list], kind: metrics.Kind, n: int) -> tuple[np.ndarr
     if kind.instances or doc is None:
         return np.arange(n), None
     ids = {d: i for i, d in enumerate(dict.fromkeys(doc))}
-    if len(ids) < 2:
+    if len(ids) < MIN_DOCUMENTS:
         return np.arange(n), len(ids)
     return np.array([ids[d] for d in doc]), len(ids)
 

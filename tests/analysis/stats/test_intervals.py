@@ -59,16 +59,16 @@ def test_same_results_same_intervals_and_the_level_matters():
 
 def test_the_units_documents_are_what_the_text_level_resamples():
     """``units["doc"]`` (each unit's document) is no per-record sum but the text's clusters: the same estimate, its
-    text part read over the documents (4 documents: 3 degrees of freedom) instead of the units (40: 39); records
+    text part read over the documents (8 documents: 7 degrees of freedom) instead of the units (40: 39); records
     of which only some name documents (a gate's baseline made before units named them) use the documents."""
     rng = np.random.default_rng(2)
     recs = [_rec("a", 0, 128, _unit_sums(rng, 1.5, 40)), _rec("b", 0, 128, _unit_sums(rng, 1.6, 40))]
-    with_docs = [{**r, "units": {**r["units"], "doc": [u // 10 for u in range(40)]}} for r in recs]
+    with_docs = [{**r, "units": {**r["units"], "doc": [u // 5 for u in range(40)]}} for r in recs]
     by_unit = Intervals(recs).compare("ppl", "b", "a", 128).estimate
     by_doc = Intervals(with_docs).compare("ppl", "b", "a", 128).estimate
-    assert by_doc.center == by_unit.center and by_doc.parts[0][1] == 3 and by_unit.parts[0][1] == 39
+    assert by_doc.center == by_unit.center and by_doc.parts[0][1] == 7 and by_unit.parts[0][1] == 39
     mixed = Intervals([with_docs[0], recs[1]])
-    assert mixed.draws.documents == 4 and mixed.compare("ppl", "b", "a", 128).estimate == by_doc
+    assert mixed.draws.documents == 8 and mixed.compare("ppl", "b", "a", 128).estimate == by_doc
 
 def test_coverage_of_ppl_and_of_a_paired_ratio():
     """400 independent data sets of 100 units with a known mean NLL: the 95% intervals hold the true ppl and

@@ -3,7 +3,7 @@
 import numpy as np
 
 from posenc_bench import metrics
-from posenc_bench.analysis.stats.text import draws_of, units_problem
+from posenc_bench.analysis.stats.text import MIN_DOCUMENTS, draws_of, units_problem
 
 
 def _recs(nll_a, nll_b, doc=None):
@@ -22,20 +22,25 @@ def _draws(recs, draws=500):
 
 
 def test_units_of_one_document_are_drawn_together():
-    """Three documents whose units are identical within each: resampling documents gives the ppl of a mix of
-    whole documents only; the bootstrap knows there are 3 clusters."""
-    doc = [0, 0, 0, 1, 1, 2, 2, 2, 2]
-    level = np.array([10.0, 20.0, 30.0])[doc]
+    """Five documents whose units are identical within each: resampling documents gives the ppl of a mix of
+    whole documents only; the bootstrap knows there are 5 clusters. With fewer than MIN_DOCUMENTS documents the
+    units are resampled, and the caption says the interval is about this text."""
+    doc = [0, 0, 0, 1, 1, 2, 2, 2, 2, 3, 4, 4]
+    nll = np.array([10.0, 20.0, 30.0, 40.0, 50.0])
+    level = nll[doc]
     d = _draws(_recs(level, level + 1, doc))
-    assert d.clusters == 3 and d.documents == 3 and d.n_units == 9
+    assert MIN_DOCUMENTS == 5 and d.clusters == 5 and d.documents == 5 and d.n_units == 12
     ppl = d.per_seed["ppl"][0, 0, 0]  # (1 + draws,)
-    assert ppl[0] == np.exp(level.sum() / 90)
-    # every draw is a multiset of 3 whole documents: its mean NLL per target is one of few values
+    assert ppl[0] == np.exp(level.sum() / 120)
+    # every draw is a multiset of 5 whole documents: its mean NLL per target is one of few values
     sizes = np.bincount(doc)
-    possible = {round(float(np.exp((c @ (sizes * [10, 20, 30])) / (10 * (c @ sizes)))), 9)
-                for c in (np.array(x) for x in np.ndindex(4, 4, 4)) if c.sum() == 3}
+    possible = {round(float(np.exp((c @ (sizes * nll)) / (10 * (c @ sizes)))), 9)
+                for c in (np.array(x) for x in np.ndindex(*[6] * 5)) if c.sum() == 5}
     assert {round(float(x), 9) for x in ppl[1:]} <= possible
-    assert "by document (3 documents, 9 units of 10 targets)" in d.describe(metrics.kind("ppl"))
+    assert "by document (5 documents, 12 units of 10 targets)" in d.describe(metrics.kind("ppl"))
+    few = _draws(_recs(level[:9], level[:9] + 1, doc[:9]))  # 3 documents
+    assert few.clusters == 9 and few.documents == 3 and "its 3 documents (about this text" in few.describe(
+        metrics.kind("ppl"))
 
 
 def test_the_same_draw_for_both_rows_and_units_without_documents():
