@@ -73,7 +73,7 @@ def run_findings(run: Run, iv: Intervals) -> Findings:
                 if (c := iv.compare(value, a, b, length)) is not None:
                     made.append((value, a, b, length, c))
         for row in rows if length != T and ratio else []:
-            if (c := _ratio_to_1x(iv, ratio, row, length)) is not None:
+            if (c := iv.against_null(ratio, row, length)) is not None:
                 made.append(("1x", row, "", length, c))
     family, adjusted = correct(TASK_FAMILY if iv.kind.instances else FAMILY, [m[4] for m in made], iv.ci)
     found: dict[str, list[Finding]] = {between: [], "1x": [], **({ratio: []} if ratio else {})}
@@ -87,11 +87,6 @@ def run_findings(run: Run, iv: Intervals) -> Findings:
     levels = {f.comparison.level for fs in found.values() for f in fs}
     return Findings(run.label, found[between], found["1x"], found[ratio] if ratio else [], family.size, levels,
                     between, family)
-
-
-def _ratio_to_1x(iv: Intervals, ratio: str, row: str, length: int) -> Optional[Comparison]:
-    """The row's ppl at ``length`` over its own 1x, as a Comparison against 1."""
-    return iv.against_null(ratio, row, length)
 
 
 def _multiple(length: int, T: int) -> str:

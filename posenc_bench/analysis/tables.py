@@ -152,8 +152,7 @@ def _mark_best(table: Table, intervals: dict[str, Intervals]) -> None:
                                   if row != best}))
     undecided: set[str] = set()
     flat = [c for _, _, cs in pending for c in cs.values()]
-    table.family, adjusted = correct("each row against the best of its column", flat, CI if not intervals else
-                                     next(iter(intervals.values())).ci)
+    table.family, adjusted = correct("each row against the best of its column", flat, _level(intervals))
     it = iter(adjusted)
     for j, best, cs in pending:
         comparisons = {row: next(it) for row in cs}
@@ -177,6 +176,11 @@ def _mark_best(table: Table, intervals: dict[str, Intervals]) -> None:
                            "on learning, cannot go below p = 2 / 2^n over n seeds that differ): unmarked there")
 
 
+def _level(intervals: dict[str, Intervals]) -> float:
+    """The level of a table's intervals and of its correction: its runs' (the report's --ci), else CI."""
+    return next(iter(intervals.values())).ci if intervals else CI
+
+
 def compare_table(runs: Sequence[Run], ref: str, intervals: dict[str, Intervals], *, digits: int = 2,
                   value: Optional[str] = None) -> Table:
     """Every row against ``ref`` at the same length (seed means), with the paired interval: ppl as a ratio, or a
@@ -194,7 +198,7 @@ def compare_table(runs: Sequence[Run], ref: str, intervals: dict[str, Intervals]
         for j, col in enumerate(columns):
             iv = intervals.get(col.run)
             made[row, j] = iv.compare(value, row, ref, col.eval_len) if iv is not None else None
-    ci = next(iter(intervals.values())).ci if intervals else CI
+    ci = _level(intervals)
     table.family, adjusted = correct(f"every row against {ref} at every length",  # the reference itself is no member
                                      [c if row != ref else None for (row, _), c in made.items()], ci)
     for (row, j), c in zip(made, adjusted):

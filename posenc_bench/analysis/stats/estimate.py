@@ -44,8 +44,13 @@ def within(interval: Interval, bounds: Optional[tuple[float, float]]) -> Interva
     return Interval(interval.value, max(bounds[0], interval.lo), min(bounds[1], interval.hi))
 
 
+def _df(df: float) -> float:
+    """Degrees of freedom as the t functions take them: a normal part (NORMAL_DF) as a huge finite df."""
+    return 1e8 if math.isinf(df) else df
+
+
 def _quantile(p: float, df: float) -> float:
-    return t_quantile(p, 1e8 if math.isinf(df) else df)
+    return t_quantile(p, _df(df))
 
 
 @functools.lru_cache(maxsize=None)
@@ -98,7 +103,7 @@ class Estimate:
             return 0.0
         if len(live) == 1:
             se, df = live[0]
-            return min(1.0, 2 * (1 - t_cdf(d / se, 1e8 if math.isinf(df) else df)))
+            return min(1.0, 2 * (1 - t_cdf(d / se, _df(df))))
         alphas = _grid(live[0][1])[0]
         half = np.sqrt(sum((_grid(df)[1] * se) ** 2 for se, df in live))  # (400,), falling with alpha
         if d >= half[0]:
