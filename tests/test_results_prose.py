@@ -152,8 +152,6 @@ PAGES = [
     ), skip=(
         ("## recall: not run", "the recall calibration, not run for this folder"),
         ("## How the configs were sized", "the calibration, on eval_seed 0's instances, " + NOT_COMMITTED),
-    ), allow=(
-        Allow(("60%",), r"background run took", "the share of the cores another run took, from its own log"),
     )),
     Page("results/robustness/README.md", ROBUSTNESS, robustness=True, skip_columns=(
         ("x bytes/small", "the plan's step-time probe"), ("2 seeds, core-hours", "the plan's estimate"),
