@@ -87,8 +87,8 @@ class Encoding(nn.Module):
     # True when bias_factors() returns factors: the model folds the bias into extra q/k channels and keeps
     # SDPA's fused kernels and no (Tq, Tk) bias tensor is ever built.
     has_low_rank_bias: ClassVar[bool] = False
-    # True when distance_bias() returns r (H, W + 1) with bias(i, j) = r[h, min(i - j, W)]: training then keeps
-    # SDPA's flash kernel and computes r's gradient on a band of W diagonals (model/distance_bias.py).
+    # True when distance_bias(T) returns r (H, W + 1) with bias(i, j) = r[h, min(i - j, W)] for windows of T
+    # tokens: training then keeps SDPA's flash kernel and sums r's gradient over diagonals (model/distance_bias.py).
     has_distance_bias: ClassVar[bool] = False
     # True when attention_logits() computes a chunk's whole pre-softmax logits (the model then runs attention
     # explicitly, chunk by chunk, instead of through SDPA).
@@ -160,8 +160,9 @@ class Encoding(nn.Module):
         centre positions on the query chunk): the model adds it to float logits."""
         return None
 
-    def distance_bias(self) -> Optional[torch.Tensor]:
-        """Optional: r (H, W + 1) such that bias(q_pos, k_pos) = r[h, min(i - j, W)] for every visible key."""
+    def distance_bias(self, length: int) -> Optional[torch.Tensor]:
+        """Optional: r (H, W + 1) such that bias(q_pos, k_pos) = r[h, min(i - j, W)] for every visible key of a
+        window of ``length`` tokens (W >= length - 1 for a bias that never saturates)."""
         return None
 
     def attention_logits(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,

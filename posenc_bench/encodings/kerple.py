@@ -13,10 +13,11 @@ the raw values in place every step; here the parameters are reparametrised so th
 clamping (r = 0.01 + softplus(raw); the power variant's r2 = 0.01 + 1.99 sigmoid(raw)), started at the same
 values, so every step has a gradient.
 
-The bias depends only on i - j, like T5's, but never saturates: the distance-bias training path
-(``has_distance_bias``, r[h, min(i - j, W)]) would clamp it past its band W, and is only taken at lengths
->= 4 W, so an exact band (W >= T - 1) never qualifies. The bias is instead built from one line of its
-values per distance, read as a Toeplitz view (no (Tq, Tk) gather) and exact at every eval length.
+The bias depends only on i - j, like T5's, but never saturates. It is built from one line of its values per
+distance, read as a Toeplitz view (no (Tq, Tk) gather), exact at every eval length; in training the model
+takes the gradient of that line (``distance_bias``: one value per distance up to the window's longest, so
+r[h, min(i - j, W)] never clamps) from the attention's own backward (model/distance_bias.py), so no (Tq, Tk)
+bias is differentiated.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class _Kerple(Encoding):
     newer = True
     paper = "Chi et al., NeurIPS 2022 (arXiv:2205.09921)"
     has_bias = True
+    has_distance_bias = True
     batched_positions = True
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int) -> None:
@@ -70,6 +72,11 @@ class _Kerple(Encoding):
 
     def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         return toeplitz_bias(self.kernel, q_pos, k_pos)
+
+    def distance_bias(self, length: int) -> torch.Tensor:
+        """r (H, length): the bias at every distance 0 .. length - 1 of a window of ``length`` tokens (W =
+        length - 1: nothing beyond it is clamped)."""
+        return self.kernel(torch.arange(max(1, length), device=self.raw_r1.device))
 
     def kernel(self, distance: torch.Tensor) -> torch.Tensor:
         """(N,) distances -> (H, N) bias values."""

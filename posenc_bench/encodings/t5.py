@@ -60,7 +60,7 @@ class T5Bias(Encoding):
     def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         # buckets depend only on the distance, and all distances >= max_distance share the last one: look the
         # (H, max_distance + 1) values up by clamped distance instead of bucketing Tq x Tk entries
-        r = self.distance_bias()  # (H, max_distance + 1)
+        r = self.distance_bias(0)  # (H, max_distance + 1)
         Tq, Tk = q_pos.shape[0], k_pos.shape[0]
         if Tq and Tk and _consecutive(q_pos) and _consecutive(k_pos):
             # bias[h, a, b] depends on a - b only: one line of Tq + Tk - 1 values, read as a Toeplitz view
@@ -72,9 +72,9 @@ class T5Bias(Encoding):
         distance = (q_pos[:, None] - k_pos[None, :]).clamp(0, self.max_distance)  # (Tq, Tk); future keys -> 0
         return r[:, distance].unsqueeze(0)  # (1, H, Tq, Tk)
 
-    def distance_bias(self) -> torch.Tensor:
+    def distance_bias(self, length: int) -> torch.Tensor:
         """r (H, max_distance + 1): the bias at distances 0 .. max_distance; every larger distance shares the
-        last bucket, so bias(i, j) = r[h, min(i - j, max_distance)]."""
+        last bucket, so bias(i, j) = r[h, min(i - j, max_distance)] at any ``length``."""
         distance = torch.arange(self.max_distance + 1, device=self.relative_attention_bias.weight.device)
         buckets = relative_position_bucket(-distance, self.num_buckets, self.max_distance)
         return self.relative_attention_bias(buckets).t()  # (H, max_distance + 1)

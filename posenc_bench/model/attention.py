@@ -1,7 +1,7 @@
 """How one forward pass runs attention: ``attend`` runs each layer's query chunks along the path its
 ``AttentionPlan`` (``plan.py``) chose, through one table, ``PATHS``. The fused, mask, folded and distance-bias
 paths are here (the folded bias: ``fold_bias``); the explicit-logits paths live in ``explicit.py``, the
-attention-sinks path in ``sinks.py``, a learned distance bias's training kernel in ``distance_bias.py``.
+attention-sinks path in ``sinks.py``, a learned bias's training kernel in ``distance_bias.py``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from posenc_bench import encodings
 from posenc_bench.model import distance_bias, explicit, sinks
 from posenc_bench.model.plan import AttentionPlan, Chunk
 
-__all__ = ["PATHS", "AttentionPlan", "Chunk", "attend", "banded_attention", "fold_bias", "fold_channels",
+__all__ = ["PATHS", "AttentionPlan", "Chunk", "attend", "bias_kernel_attention", "fold_bias", "fold_channels",
            "folded_attention", "sdpa_attention"]
 
 
@@ -66,14 +66,16 @@ def folded_attention(plan: AttentionPlan, c: Chunk) -> torch.Tensor:
     return sdpa_attention(plan, c._replace(q=q, k=k, v=v))
 
 
-def banded_attention(plan: AttentionPlan, c: Chunk) -> torch.Tensor:
-    """The distance_bias path: the flash kernel, and the bias table's gradient on its band."""
+def bias_kernel_attention(plan: AttentionPlan, c: Chunk) -> torch.Tensor:
+    """The distance_bias and bias_grad paths: the flash kernel, and the bias gradient from dS, into the distance
+    table r where the plan has one, else into the chunk's mask."""
     qs, _, ks = plan.chunks[c.i]
-    return distance_bias.distance_bias_attention(c.q, c.k, c.v, plan.distance_bias, c.mask, c.scale, qs, ks)
+    return distance_bias.bias_attention(c.q, c.k, c.v, c.mask, c.scale, qs, ks, r=plan.distance_bias)
 
 
 # What each path runs for one chunk: the one place attend looks at the plan's path.
-PATHS = {"fused": sdpa_attention, "mask": sdpa_attention, "folded": folded_attention, "distance_bias": banded_attention,
+PATHS = {"fused": sdpa_attention, "mask": sdpa_attention, "folded": folded_attention,
+         "distance_bias": bias_kernel_attention, "bias_grad": bias_kernel_attention,
          "logits": explicit.explicit_attention, "parts": explicit.parts_attention, "sinks": sinks.sink_attention}
 
 

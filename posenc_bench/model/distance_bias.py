@@ -1,21 +1,39 @@
-"""Training attention with a learned bias that depends only on the distance i - j and is constant past a
-band (T5's relative buckets), on SDPA's flash kernel instead of its materialising math path.
+"""Training attention with a learned bias on SDPA's CPU flash kernel instead of its materialising math path.
 
-CPU SDPA has no flash kernel for a mask that requires grad, so a learned bias sends training to the math
-path (the full (B, H, T, T) probabilities are built and saved). Here the forward and the q/k/v backward run
-on the flash kernel with the bias as a constant mask, and the bias gradient is computed separately:
+CPU SDPA has no flash kernel for a mask that requires grad, so a learned bias sends training to the math path
+(the full (B, H, T, T) logits and probabilities are built and kept for backward). Here the forward runs on the
+flash kernel with the bias as a constant mask, and backward gets the bias gradient from
 
     d bias(i, j) = dS_ij = P_ij (dO_i . v_j - dO_i . O_i)          (softmax backward)
 
-For a bias r[h, min(i - j, W)] the gradient of r[h, d] for d < W is the sum of dS over the diagonal i - j = d,
-which needs P only on a band of W diagonals (from the saved log-sum-exp), and the tail r[h, W] gets minus the
-sum of all of those, because every row of dS sums to zero. Cost: O(T * W * D) on top of flash attention.
+with P recomputed from the saved log-sum-exp. Two kinds of bias:
+
+- a distance bias r[h, min(i - j, W)] (``Encoding.distance_bias``: T5's buckets, KERPLE's kernel with W past
+  the longest distance): d r[h, d] is the sum of dS over the diagonal i - j = d (every distance >= W summed
+  into r[h, W]);
+- any other bias, per pair (FIRE, a ``+rand`` row's per-sequence bias): the mask itself requires grad and gets
+  dS (summed over the batch where the mask has one row for all sequences); the encoding's own autograd takes it
+  from there, once per forward when the plan shares the mask between layers.
+
+Two backward strategies give the same numbers:
+
+- band (a distance bias with W << T, T5): SDPA's flash backward for q, k, v, and dS only on the band of the
+  W diagonals next to the main one (O(T W D)); the tail r[h, W] gets minus their sum, because every row of dS
+  sums to zero;
+- tiled (everything else): one pass over blocks of query rows and the keys up to each block's last row, which
+  recomputes P, forms dS and takes dq, dk, dv from it by matmuls (the flash backward's own work), then reduces
+  dS to what the bias needs: its diagonal sums (a strided view) or the dS block itself.
 """
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
+
+ROWS = 128  # query rows per block of the tiled backward: its (B, H, rows, keys) blocks stay in the CPU's caches
+BAND_ROWS = 256  # query rows per block of the band gradient
 
 
 def supported(x: torch.Tensor) -> bool:
@@ -24,27 +42,83 @@ def supported(x: torch.Tensor) -> bool:
     return x.device.type == "cpu" and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
 
 
-class _DistanceBiasAttention(torch.autograd.Function):
+def banded(r: torch.Tensor, n_keys: int) -> bool:
+    """Whether the band strategy is the cheaper one for a distance table r (H, W + 1) over ``n_keys`` keys: its
+    band of W diagonals is a small part of the keys (then SDPA's flash backward plus the band beats one tiled
+    pass that forms dS over every key)."""
+    return 4 * (r.shape[1] - 1) <= n_keys
+
+
+class _BiasAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, r, mask, scale: float, q_start: int, k_start: int, rows: int):
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask, scale=scale)
-        ctx.save_for_backward(q, k, v, r, mask, out, lse)
-        ctx.scale, ctx.q_start, ctx.k_start, ctx.rows = scale, q_start, k_start, rows
+    def forward(ctx, q, k, v, mask, r, scale: float, q_start: int, k_start: int):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, False, attn_mask=mask.detach(), scale=scale)
+        ctx.save_for_backward(q, k, v, mask.detach(), r, out, lse)
+        ctx.scale, ctx.q_start, ctx.k_start = scale, q_start, k_start
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, r, mask, out, lse = ctx.saved_tensors
+        q, k, v, mask, r, out, lse = ctx.saved_tensors
         grad_out = grad_out.contiguous()
-        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad_out, q, k, v, out, lse, 0.0, False, attn_mask=mask, scale=ctx.scale)
+        want_mask, want_r = ctx.needs_input_grad[3], r is not None and ctx.needs_input_grad[4]
+        if want_r and not want_mask and banded(r, k.shape[2]):
+            dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                grad_out, q, k, v, out, lse, 0.0, False, attn_mask=mask, scale=ctx.scale)
+            dr = band_bias_grad(q, k, v, r, mask, out, lse, grad_out, ctx.scale, ctx.q_start, ctx.k_start)
+            return dq, dk, dv, None, dr, None, None, None
+        dq, dk, dv, dmask, diagonals = tiled_backward(q, k, v, mask, out, lse, grad_out, ctx.scale,
+                                                      ctx.q_start - ctx.k_start, want_mask, want_r)
         dr = None
-        if ctx.needs_input_grad[3]:
-            dr = band_bias_grad(q, k, v, r, mask, out, lse, grad_out, ctx.scale, ctx.q_start, ctx.k_start, ctx.rows)
-        return dq, dk, dv, dr, None, None, None, None, None
+        if want_r:
+            W = r.shape[1] - 1
+            dr = torch.zeros_like(r, dtype=torch.float32)
+            n = min(W, diagonals.shape[1])  # distances beyond this chunk's longest stay 0
+            dr[:, :n] = diagonals[:, :n]
+            dr[:, W] = diagonals[:, W:].sum(-1)  # every distance >= W reads r[h, W]
+            dr = dr.to(r.dtype)
+        return dq, dk, dv, dmask, dr, None, None, None
 
 
-def band_bias_grad(q, k, v, r, mask, out, lse, grad_out, scale: float, q_start: int, k_start: int, rows: int) -> torch.Tensor:
+def tiled_backward(q, k, v, mask, out, lse, grad_out, scale: float, offset: int, want_mask: bool, want_diagonals: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """Attention backward in blocks of ``ROWS`` query rows: dq, dk, dv, and from dS the mask's gradient
+    (``want_mask``; (1 or B, H, Tq, Tk) like the mask) and the sums of dS over each diagonal i - j = d
+    (``want_diagonals``; (H, Tk + offset)). Query a of the chunk sees local keys [0, a + offset] at most, so a
+    block's keys stop at its last row's."""
+    B, H, Tq, D = q.shape
+    Tk = k.shape[2]
+    delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, Tq, 1): dO_i . O_i
+    dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    dmask = torch.zeros(mask.shape, dtype=mask.dtype) if want_mask else None
+    diagonals = torch.zeros(H, Tk + offset if Tq else 0, dtype=torch.float32) if want_diagonals else None
+    for a0 in range(0, Tq, ROWS):
+        a1 = min(Tq, a0 + ROWS)
+        n, cols = a1 - a0, min(Tk, a1 + offset)  # keys [0, cols): the last row's and every earlier one
+        kb, vb, qb, gb = k[:, :, :cols], v[:, :, :cols], q[:, :, a0:a1], grad_out[:, :, a0:a1]
+        p = qb @ kb.transpose(-1, -2)  # (B, H, n, cols), then P in place
+        p.mul_(scale).add_(mask[:, :, a0:a1, :cols]).sub_(lse[:, :, a0:a1, None]).exp_()
+        dv[:, :, :cols] += p.transpose(-1, -2) @ gb
+        ds = gb @ vb.transpose(-1, -2)  # dP (B, H, n, cols), then dS in place
+        ds.sub_(delta[:, :, a0:a1]).mul_(p)
+        dq[:, :, a0:a1] = (ds @ kb).mul_(scale)
+        dk[:, :, :cols] += (ds.transpose(-1, -2) @ qb).mul_(scale)
+        if want_mask:
+            dmask[:, :, a0:a1, :cols] = ds if mask.shape[0] == B else ds.sum(0, keepdim=True)
+        if want_diagonals:
+            # E[h, a, u] = dS summed over the batch at key u - (n - 1) (zeros before key 0): then E[h, a, a + u]
+            # is the key at distance (a0 + offset + n - 1) - u from row a, for u in [0, cols)
+            width = cols + n - 1
+            E = torch.zeros(H, n, width, dtype=torch.float32)
+            E[:, :, n - 1:] = ds.sum(0)
+            band = E.as_strided((H, n, cols), (n * width, width + 1, 1))
+            diagonals[:, a0 + offset + n - cols:a0 + offset + n] += band.sum(1).flip(-1)
+    return dq, dk, dv, dmask, diagonals
+
+
+def band_bias_grad(q, k, v, r, mask, out, lse, grad_out, scale: float, q_start: int, k_start: int,
+                   rows: int = BAND_ROWS) -> torch.Tensor:
     """d loss / d r for r (H, W + 1): diagonals 0..W-1 from the band of dS, the tail from the row-sum identity.
 
     Queries go in blocks of ``rows``; a block's keys are its own positions and the W - 1 before them, so
@@ -74,7 +148,10 @@ def band_bias_grad(q, k, v, r, mask, out, lse, grad_out, scale: float, q_start: 
     return dr.to(r.dtype)
 
 
-def distance_bias_attention(q, k, v, r, mask, scale: float, q_start: int, k_start: int, rows: int = 256):
-    """softmax(q k^T * scale + mask) v, where mask (1, H, Tq, Tk) is r[h, min(i - j, W)] on visible keys and
-    -inf elsewhere (built by the caller from r, detached); gradients reach q, k, v and r."""
-    return _DistanceBiasAttention.apply(q, k, v, r, mask.detach(), scale, q_start, k_start, rows)
+def bias_attention(q, k, v, mask, scale: float, q_start: int = 0, k_start: int = 0,
+                   r: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """softmax(q k^T * scale + mask) v for q (B, H, Tq, D) at queries [q_start, q_start + Tq) and k, v
+    (B, H, Tk, D) at keys [k_start, k_start + Tk), mask (1 or B, H, Tq, Tk) -inf outside the visible set.
+    Gradients reach q, k, v, the mask where it requires grad (a per-pair bias), and r (H, W + 1) where given:
+    then the mask's bias must be r[h, min(i - j, W)] (built by the caller from r, detached)."""
+    return _BiasAttention.apply(q, k, v, mask, r, scale, q_start, k_start)

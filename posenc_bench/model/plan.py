@@ -21,9 +21,6 @@ from posenc_bench import encodings
 from posenc_bench.errors import ConfigError
 from posenc_bench.model import distance_bias
 
-# A learned distance bias trains on its band (distance_bias.py) from T >= BAND_MIN x its band width W on:
-# shorter sequences are cheaper on SDPA's math path.
-BAND_MIN = 4
 # The paths whose chunks SDPA attends itself: there a square chunk from position 0 needs no mask (is_causal).
 SDPA_PATHS = ("fused", "folded", "mask")
 # The devices on which a low-rank bias is folded into q/k channels. On CPU that keeps SDPA on its fused kernels
@@ -50,17 +47,16 @@ def query_chunks(T: int, size: int, window: Optional[int], block: Optional[int])
 
 class Facts(NamedTuple):
     """A forward's facts that choose its path: the window and S ``sinks`` (``sink_window``), the ``block`` of
-    blockwise attention, whether gradients are on, whether positions are (B, T) (``batched``), the ``length``
-    T and ``band``, the width W of the encoding's distance bias where this device has its band kernel (None: no
-    such bias or kernel), and whether this device folds a low-rank bias (``fold``, ``FOLD_DEVICES``)."""
+    blockwise attention, whether gradients are on, whether positions are (B, T) (``batched``), whether this
+    device has the flash kernel that trains a learned bias (``bias_kernel``: ``distance_bias.supported``), and
+    whether it folds a low-rank bias (``fold``, ``FOLD_DEVICES``)."""
 
     window: Optional[int] = None
     block: Optional[int] = None
     sinks: int = 0
     grad: bool = False
     batched: bool = False
-    length: int = 0
-    band: Optional[int] = None
+    bias_kernel: bool = False
     fold: bool = True
 
 
@@ -72,7 +68,9 @@ def choose_path(encoding: encodings.Encoding, facts: Facts) -> str:
       them into plain attentions (``has_attention_parts``) and there are no sinks, whose keys are not one range.
     - sinks: the first S keys stay visible beside the window, at their cache positions (``sinks.py``).
     - folded: a low-rank bias (``has_low_rank_bias``), folded into extra q/k channels, where the device folds.
-    - distance_bias: a learned distance bias in training on (T,) positions without blocks, from BAND_MIN x W on.
+    - distance_bias: a distance bias (``has_distance_bias``) in training on (T,) positions without blocks, where
+      the device has the bias kernel: its table r gets the gradient.
+    - bias_grad: any other bias in training there (per pair, or on per-sequence positions): the mask gets it.
     - fused: no bias, no window, no blocks: one causal SDPA call.
     - mask: anything else: SDPA with a float mask per chunk, the bias in it."""
     f = facts
@@ -82,9 +80,8 @@ def choose_path(encoding: encodings.Encoding, facts: Facts) -> str:
         return "sinks"
     if encoding.has_bias and encoding.has_low_rank_bias and f.fold:
         return "folded"
-    if (encoding.has_bias and encoding.has_distance_bias and f.grad and not f.batched and f.block is None
-            and f.band is not None and f.length >= BAND_MIN * f.band):
-        return "distance_bias"
+    if encoding.has_bias and f.grad and f.bias_kernel and f.block is None:
+        return "distance_bias" if encoding.has_distance_bias and not f.batched else "bias_grad"
     if not encoding.has_bias and f.window is None and f.block is None:
         return "fused"
     return "mask"
@@ -101,9 +98,12 @@ class AttentionPlan:
       window) mask without any bias.
     - mask: a 4-D (1 or B, H or 1, q, k) float mask per chunk holding the bias and the causal/window/block -inf
       entries (a 3-D mask would send SDPA to its slow math path).
-    - distance_bias (e.g. T5 in training on CPU): the mask as above, built as a constant, and the bias table
-      r (H, W + 1) whose gradient ``distance_bias.distance_bias_attention`` computes on a band of W diagonals
-      (flash kernel + band gradient), in chunks of ``BIAS_ROWS`` queries.
+    - distance_bias (e.g. T5, KERPLE in training on CPU): the mask as above, built as a constant, and the bias
+      table r (H, W + 1) for this length, whose gradient ``distance_bias.bias_attention`` sums from dS over the
+      diagonals (flash forward, its own backward), in chunks of ``BIAS_ROWS`` queries.
+    - bias_grad (e.g. FIRE, ``kerple+rand`` in training on CPU): the mask as above, requiring grad, through
+      the same kernel, which gives the mask dS; shared by the layers when the masks are kept, so the encoding's
+      bias is built and differentiated once per forward.
     - logits (e.g. CoPE) and parts (e.g. ReRoPE): the mask as above goes to the encoding's logits
       (``explicit.py``); chunks are sized for ``LOGIT_TENSORS`` tensors of (B, H, q, k) floats, or
       ``PART_TENSORS`` (q, k) masks on the parts path.
@@ -123,7 +123,7 @@ class AttentionPlan:
     """
 
     FOLD_ROWS = 256
-    BIAS_ROWS = 512  # query chunk of a learned distance bias in training (distance_bias.py)
+    BIAS_ROWS = 512  # query chunk of a learned bias in training (distance_bias.py)
     LOGIT_TENSORS = 8  # (B, H, q, k) float tensors a logits or sinks chunk may hold at once (CoPE: ~6)
     PART_TENSORS = 8  # (q, k) 4-byte tensors of a parts chunk: masks, pairs, distances (int64: 2)
 
@@ -136,15 +136,12 @@ class AttentionPlan:
         # token indices for causality and windows: the positions themselves when they are the plain (T,) ones
         self.index = pos if pos.dim() == 1 else torch.arange(T, device=pos.device)
         self.block = encoding.attention_block(T)
-        # r (H, W + 1) where the band kernel could train it (in training, on (T,) positions), carrying the
-        # gradient; not built at all in evaluation, and kept on that path only
         grad, batched = torch.is_grad_enabled(), pos.dim() == 2
-        trainable = encoding.has_distance_bias and grad and not batched and distance_bias.supported(pos)
-        r = encoding.distance_bias() if trainable else None
         self.path = choose_path(encoding, Facts(window=self.window, block=self.block, sinks=self.sinks, grad=grad,
-                                                batched=batched, length=T, band=None if r is None else r.shape[1] - 1,
+                                                batched=batched, bias_kernel=distance_bias.supported(pos),
                                                 fold=pos.device.type in FOLD_DEVICES))
-        self.distance_bias = r if self.path == "distance_bias" else None
+        # r (H, W + 1) carrying the gradient on the distance_bias path; not built at all elsewhere
+        self.distance_bias = encoding.distance_bias(T) if self.path == "distance_bias" else None
         self.mask_bias = encoding.has_bias and self.path != "folded"  # the bias goes into the masks
         mask_batch = pos.shape[0] if pos.dim() == 2 and self.mask_bias else 1  # a bias of per-sequence positions
         mask_heads = encoding.n_heads if self.mask_bias else 1
@@ -173,8 +170,9 @@ class AttentionPlan:
         else:  # at most T keys
             size = max_mask_bytes // (cell * T)
         size = max(1, min(T, size))
-        # a distance-bias chunk's keys are [0, qe): BIAS_ROWS skips most of the masked upper half
-        return min(size, {"folded": self.FOLD_ROWS, "distance_bias": self.BIAS_ROWS}.get(self.path, size))
+        # a learned bias's chunk's keys are [0, qe): BIAS_ROWS skips most of the masked upper half
+        rows = {"folded": self.FOLD_ROWS, "distance_bias": self.BIAS_ROWS, "bias_grad": self.BIAS_ROWS}
+        return min(size, rows.get(self.path, size))
 
     def key_span(self, i: int) -> tuple[int, int, int]:
         """Chunk i's keys as (p, ks, qe): keys [0, p) then [ks, qe); p = min(S, ks) with S sinks, else 0."""

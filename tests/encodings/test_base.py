@@ -20,7 +20,7 @@ def test_the_base_hooks_leave_the_model_as_it_is():
     assert enc.embed(x, pos) is x
     rq, rk = enc.rotate(q, k, pos)
     assert rq is q and rk is k
-    assert enc.bias(pos, pos) is None and enc.bias_factors(pos, pos) is None and enc.distance_bias() is None
+    assert enc.bias(pos, pos) is None and enc.bias_factors(pos, pos) is None and enc.distance_bias(5) is None
     assert enc.attention_block(64) is None and enc.key_options(16, {"theta": 1.0}) == {}
     mask = torch.zeros(1, 1, 5, 5).masked_fill(torch.ones(5, 5, dtype=torch.bool).triu(1), float("-inf"))
     torch.testing.assert_close(enc.attention_logits(q, k, pos, pos, mask, 0.5), (q @ k.transpose(-1, -2)) * 0.5 + mask)

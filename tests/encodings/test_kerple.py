@@ -54,3 +54,17 @@ def test_power_kernel_gradient_is_finite_at_distance_zero():
     enc = build("kerple-power")
     enc.bias(torch.arange(6), torch.arange(6)).sum().backward()
     assert torch.isfinite(enc.raw_r2.grad).all() and torch.isfinite(enc.raw_r1.grad).all()
+
+
+@pytest.mark.parametrize("name", ["kerple", "kerple-power"])
+def test_distance_bias_is_the_bias_at_every_distance_of_the_window(name):
+    """The contract of the distance_bias training path: bias(i, j) = r[h, min(i - j, W)] for every visible pair
+    of a window of T tokens, and W = T - 1, so no distance is clamped."""
+    enc = encodings.build(name, d_model=32, n_heads=4, train_len=16)
+    T = 50
+    r = enc.distance_bias(T)
+    assert r.shape == (4, T)
+    pos = torch.arange(T)
+    b = enc.bias(pos, pos)[0]  # (H, T, T)
+    i, j = torch.tril_indices(T, T)
+    torch.testing.assert_close(b[:, i, j], r[:, i - j], rtol=0, atol=0)

@@ -40,7 +40,7 @@ def test_distance_bias_is_the_bias_by_distance():
     from posenc_bench.encodings.t5 import T5Bias
 
     enc = T5Bias(d_model=32, n_heads=4, train_len=16, num_buckets=8, max_distance=20)
-    r = enc.distance_bias()
+    r = enc.distance_bias(60)
     assert r.shape == (4, 21)
     pos = torch.arange(60)
     b = enc.bias(pos, pos)[0]  # (H, 60, 60)

@@ -15,7 +15,7 @@ from posenc_bench.model.plan import AttentionPlan, Facts, cache_positions, choos
 from posenc_bench.model.transformer import DecoderLM, ModelConfig
 
 CAPABILITIES = ("has_bias", "has_low_rank_bias", "has_distance_bias", "has_attention_logits", "has_attention_parts")
-FACTS = {"window": None, "block": None, "sinks": 0, "grad": False, "batched": False, "length": 1024, "band": None}
+FACTS = {"window": None, "block": None, "sinks": 0, "grad": False, "batched": False, "bias_kernel": False}
 BIAS, LOW_RANK, DISTANCE, LOGITS, PARTS = CAPABILITIES
 
 
@@ -36,19 +36,20 @@ def declaring(*flags):
     ((BIAS, LOW_RANK), {"sinks": 2, "window": 8}, "sinks"),  # the sinks' bias needs the mask
     ((BIAS, LOW_RANK), {"fold": False}, "mask"),  # CUDA: the bias mask is faster than folding there
     ((BIAS, LOW_RANK), {"fold": False, "grad": True, "batched": True}, "mask"),
-    # a learned distance bias trains on its band: with gradients, (T,) positions, no blocks, the kernel (band)
-    # and T >= BAND_MIN x W; otherwise it is a mask like any bias
-    ((BIAS, DISTANCE), {"grad": True, "band": 128}, "distance_bias"),
-    ((BIAS, DISTANCE), {"grad": True, "band": 128, "window": 200}, "distance_bias"),
-    ((BIAS, DISTANCE), {"grad": True, "band": 256}, "distance_bias"),  # 1024 = BAND_MIN x 256
-    ((BIAS, DISTANCE), {"grad": True, "band": 257}, "mask"),
-    ((BIAS, DISTANCE), {"band": 128}, "mask"),
-    ((BIAS, DISTANCE), {"grad": True}, "mask"),  # no band kernel on this device
-    ((BIAS, DISTANCE), {"grad": True, "band": 128, "batched": True}, "mask"),
-    ((BIAS, DISTANCE), {"grad": True, "band": 128, "block": 64}, "mask"),
-    ((BIAS, DISTANCE), {"grad": True, "band": 128, "sinks": 1, "window": 5}, "sinks"),
-    ((BIAS, DISTANCE, LOW_RANK), {"grad": True, "band": 128}, "folded"),
-    ((DISTANCE,), {"grad": True, "band": 128}, "fused"),  # no bias declared: nothing to train
+    # a learned bias trains on the kernel where the device has it (CPU flash): a distance table with (T,) positions
+    # and no blocks on the distance_bias path, any other bias on bias_grad; otherwise it is a mask like any bias
+    ((BIAS, DISTANCE), {"grad": True, "bias_kernel": True}, "distance_bias"),
+    ((BIAS, DISTANCE), {"grad": True, "bias_kernel": True, "window": 200}, "distance_bias"),
+    ((BIAS, DISTANCE), {"bias_kernel": True}, "mask"),  # evaluation
+    ((BIAS, DISTANCE), {"grad": True}, "mask"),  # no kernel on this device
+    ((BIAS, DISTANCE), {"grad": True, "bias_kernel": True, "batched": True}, "bias_grad"),
+    ((BIAS, DISTANCE), {"grad": True, "bias_kernel": True, "block": 64}, "mask"),
+    ((BIAS, DISTANCE), {"grad": True, "bias_kernel": True, "sinks": 1, "window": 5}, "sinks"),
+    ((BIAS, DISTANCE, LOW_RANK), {"grad": True, "bias_kernel": True}, "folded"),
+    ((BIAS,), {"grad": True, "bias_kernel": True}, "bias_grad"),
+    ((BIAS,), {"grad": True, "bias_kernel": True, "batched": True, "window": 8}, "bias_grad"),
+    ((BIAS,), {"grad": True}, "mask"),
+    ((DISTANCE,), {"grad": True, "bias_kernel": True}, "fused"),  # no bias declared: nothing to train
     ((LOGITS,), {}, "logits"),
     ((LOGITS,), {"sinks": 4, "window": 8}, "logits"),  # CoPE counts positions over the visible set itself
     ((LOGITS, BIAS, LOW_RANK), {}, "logits"),  # the bias goes into the mask it gets
@@ -67,8 +68,12 @@ def test_the_path_is_a_pure_function_of_capabilities_and_facts(flags, facts, pat
     ("rope", 8, 64, False, "mask"),
     ("rope+rand", None, 64, True, "fused"),
     ("alibi", None, 64, True, "folded"),
-    ("t5", None, 64, True, "mask"),
+    ("t5", None, 64, True, "distance_bias"),
     ("t5", None, 600, True, "distance_bias"),
+    ("kerple", None, 64, True, "distance_bias"),
+    ("kerple+rand", None, 64, True, "bias_grad"),
+    ("fire", None, 64, True, "bias_grad"),
+    ("fire", None, 64, False, "mask"),
     ("t5", None, 600, False, "mask"),
     ("cope", None, 64, False, "logits"),
     ("rope-rerope", None, 64, False, "parts"),
@@ -95,7 +100,8 @@ def test_plan_uses_fused_causal_path_only_without_bias_and_window():
     pos = torch.arange(64)
     assert AttentionPlan(DecoderLM(cfg, "rope", 16).encoding, pos, None, 1 << 20).path == "fused"
     assert AttentionPlan(DecoderLM(cfg, "rope", 16).encoding, pos, 8, 1 << 20).path == "mask"
-    plan = AttentionPlan(DecoderLM(cfg, "t5", 16).encoding, pos, None, 4 * 4 * 64 * 10)
+    with torch.no_grad():
+        plan = AttentionPlan(DecoderLM(cfg, "t5", 16).encoding, pos, None, 4 * 4 * 64 * 10)
     assert plan.path == "mask"
     assert [c[0] for c in plan.chunks] == list(range(0, 64, 10))  # 10 query rows per chunk fit the budget
     mask = plan.mask(1, torch.float32)
