@@ -146,6 +146,10 @@ class Randomized(Encoding):
     def bias_factors(self, q_pos, k_pos):
         return self.base.bias_factors(q_pos, k_pos)
 
+    def distance_bias(self, length: int):
+        """The base's table over every distance of [0, M) (positions are drawn from there), or of the window."""
+        return self.base.distance_bias(max(length, self.max_position))
+
     def attention_logits(self, q, k, q_pos, k_pos, mask, scale):
         return self.base.attention_logits(q, k, q_pos, k_pos, mask, scale)
 
@@ -172,7 +176,7 @@ def randomized_row(base: type[Encoding]) -> type[Randomized]:
         "summary": f"{base.name} trained and evaluated on sorted random positions from [0, M), M = {MULTIPLE} x "
                    f"train length (claim: algorithmic tasks); Ruoss et al. 2023",
         "paper": f"Ruoss et al., ACL 2023 (arXiv:2305.16843), over {base.paper}",
-        "has_bias": base.has_bias, "has_low_rank_bias": base.has_low_rank_bias,
+        "has_bias": base.has_bias, "has_low_rank_bias": base.has_low_rank_bias, "has_distance_bias": base.has_distance_bias,
         "has_attention_logits": base.has_attention_logits, "positions_in_embedding": base.positions_in_embedding,
     })
     globals()[name] = cls  # a module-level name: reprs and pickling find it

@@ -70,7 +70,8 @@ def bias_kernel_attention(plan: AttentionPlan, c: Chunk) -> torch.Tensor:
     """The distance_bias and bias_grad paths: the flash kernel, and the bias gradient from dS, into the distance
     table r where the plan has one, else into the chunk's mask."""
     qs, _, ks = plan.chunks[c.i]
-    return distance_bias.bias_attention(c.q, c.k, c.v, c.mask, c.scale, qs, ks, r=plan.distance_bias)
+    positions = plan.chunk_positions(c.i) if plan.pos.dim() == 2 else None  # (B, q), (B, k): +rand
+    return distance_bias.bias_attention(c.q, c.k, c.v, c.mask, c.scale, qs, ks, r=plan.distance_bias, positions=positions)
 
 
 # What each path runs for one chunk: the one place attend looks at the plan's path.

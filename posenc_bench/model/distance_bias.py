@@ -10,7 +10,7 @@ with P recomputed from the saved log-sum-exp. Two kinds of bias:
 
 - a distance bias r[h, min(i - j, W)] (``Encoding.distance_bias``: T5's buckets, KERPLE's kernel with W past
   the longest distance): d r[h, d] is the sum of dS over the diagonal i - j = d (every distance >= W summed
-  into r[h, W]);
+  into r[h, W]); on per-sequence positions (``+rand``), over the pairs whose positions are d apart;
 - any other bias, per pair (FIRE, a ``+rand`` row's per-sequence bias): the mask itself requires grad and gets
   dS (summed over the batch where the mask has one row for all sequences); the encoding's own autograd takes it
   from there, once per forward when the plan shares the mask between layers.
@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 
 ROWS = 128  # query rows per block of the tiled backward: its (B, H, rows, keys) blocks stay in the CPU's caches
+LOG2E = 1.4426950408889634  # P = 2^((s - lse) log2 e): torch.exp falls off its vectorised path for the large
+# negative arguments of far keys (several times slower there, measured on AVX-512), exp2 does not
 BAND_ROWS = 256  # query rows per block of the band gradient
 
 
@@ -51,11 +53,11 @@ def banded(r: torch.Tensor, n_keys: int) -> bool:
 
 class _BiasAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, mask, r, scale: float, q_start: int, k_start: int):
+    def forward(ctx, q, k, v, mask, r, scale: float, q_start: int, k_start: int, positions):
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, False, attn_mask=mask.detach(), scale=scale)
         ctx.save_for_backward(q, k, v, mask.detach(), r, out, lse)
-        ctx.scale, ctx.q_start, ctx.k_start = scale, q_start, k_start
+        ctx.scale, ctx.q_start, ctx.k_start, ctx.positions = scale, q_start, k_start, positions
         return out
 
     @staticmethod
@@ -63,13 +65,14 @@ class _BiasAttention(torch.autograd.Function):
         q, k, v, mask, r, out, lse = ctx.saved_tensors
         grad_out = grad_out.contiguous()
         want_mask, want_r = ctx.needs_input_grad[3], r is not None and ctx.needs_input_grad[4]
-        if want_r and not want_mask and banded(r, k.shape[2]):
+        if want_r and not want_mask and ctx.positions is None and banded(r, k.shape[2]):
             dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
                 grad_out, q, k, v, out, lse, 0.0, False, attn_mask=mask, scale=ctx.scale)
             dr = band_bias_grad(q, k, v, r, mask, out, lse, grad_out, ctx.scale, ctx.q_start, ctx.k_start)
-            return dq, dk, dv, None, dr, None, None, None
+            return dq, dk, dv, None, dr, None, None, None, None
+        table = r.shape[1] if want_r and ctx.positions is not None else None
         dq, dk, dv, dmask, diagonals = tiled_backward(q, k, v, mask, out, lse, grad_out, ctx.scale,
-                                                      ctx.q_start - ctx.k_start, want_mask, want_r)
+                                                      ctx.q_start - ctx.k_start, want_mask, want_r, ctx.positions, table)
         dr = None
         if want_r:
             W = r.shape[1] - 1
@@ -78,27 +81,30 @@ class _BiasAttention(torch.autograd.Function):
             dr[:, :n] = diagonals[:, :n]
             dr[:, W] = diagonals[:, W:].sum(-1)  # every distance >= W reads r[h, W]
             dr = dr.to(r.dtype)
-        return dq, dk, dv, dmask, dr, None, None, None
+        return dq, dk, dv, dmask, dr, None, None, None, None
 
 
-def tiled_backward(q, k, v, mask, out, lse, grad_out, scale: float, offset: int, want_mask: bool, want_diagonals: bool
+def tiled_backward(q, k, v, mask, out, lse, grad_out, scale: float, offset: int, want_mask: bool, want_diagonals: bool,
+                   positions: Optional[tuple[torch.Tensor, torch.Tensor]] = None, table: Optional[int] = None
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
     """Attention backward in blocks of ``ROWS`` query rows: dq, dk, dv, and from dS the mask's gradient
-    (``want_mask``; (1 or B, H, Tq, Tk) like the mask) and the sums of dS over each diagonal i - j = d
-    (``want_diagonals``; (H, Tk + offset)). Query a of the chunk sees local keys [0, a + offset] at most, so a
-    block's keys stop at its last row's."""
+    (``want_mask``; (1 or B, H, Tq, Tk) like the mask) and the sums of dS over each distance d
+    (``want_diagonals``; (H, Tk + offset)): the diagonal i - j = d, or with ``positions`` (B, Tq), (B, Tk) the
+    pairs whose positions are d apart, for d < ``table`` (larger ones summed into the last). Query a of the
+    chunk sees local keys [0, a + offset] at most, so a block's keys stop at its last row's."""
     B, H, Tq, D = q.shape
     Tk = k.shape[2]
     delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, Tq, 1): dO_i . O_i
     dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
     dmask = torch.zeros(mask.shape, dtype=mask.dtype) if want_mask else None
-    diagonals = torch.zeros(H, Tk + offset if Tq else 0, dtype=torch.float32) if want_diagonals else None
+    n_distances = table if positions is not None else Tk + offset if Tq else 0
+    diagonals = torch.zeros(H, n_distances, dtype=torch.float32) if want_diagonals else None
     for a0 in range(0, Tq, ROWS):
         a1 = min(Tq, a0 + ROWS)
         n, cols = a1 - a0, min(Tk, a1 + offset)  # keys [0, cols): the last row's and every earlier one
         kb, vb, qb, gb = k[:, :, :cols], v[:, :, :cols], q[:, :, a0:a1], grad_out[:, :, a0:a1]
         p = qb @ kb.transpose(-1, -2)  # (B, H, n, cols), then P in place
-        p.mul_(scale).add_(mask[:, :, a0:a1, :cols]).sub_(lse[:, :, a0:a1, None]).exp_()
+        p.mul_(scale).add_(mask[:, :, a0:a1, :cols]).sub_(lse[:, :, a0:a1, None]).mul_(LOG2E).exp2_()
         dv[:, :, :cols] += p.transpose(-1, -2) @ gb
         ds = gb @ vb.transpose(-1, -2)  # dP (B, H, n, cols), then dS in place
         ds.sub_(delta[:, :, a0:a1]).mul_(p)
@@ -106,7 +112,12 @@ def tiled_backward(q, k, v, mask, out, lse, grad_out, scale: float, offset: int,
         dk[:, :, :cols] += (ds.transpose(-1, -2) @ qb).mul_(scale)
         if want_mask:
             dmask[:, :, a0:a1, :cols] = ds if mask.shape[0] == B else ds.sum(0, keepdim=True)
-        if want_diagonals:
+        if want_diagonals and positions is not None:  # distance index of every pair, per sequence
+            q_pos, k_pos = positions
+            d = (q_pos[:, a0:a1, None] - k_pos[:, None, :cols]).clamp_(0, n_distances - 1)  # (B, n, cols)
+            for b in range(B):
+                diagonals.index_add_(1, d[b].flatten(), ds[b].reshape(H, -1))
+        elif want_diagonals:
             # E[h, a, u] = dS summed over the batch at key u - (n - 1) (zeros before key 0): then E[h, a, a + u]
             # is the key at distance (a0 + offset + n - 1) - u from row a, for u in [0, cols)
             width = cols + n - 1
@@ -137,7 +148,7 @@ def band_bias_grad(q, k, v, r, mask, out, lse, grad_out, scale: float, q_start: 
         vw = F.pad(v[:, :, max(0, c0):c1].float(), (0, 0, pad, 0))
         mw = F.pad(mask[:, :, a0:a1, max(0, c0):c1].float(), (pad, 0), value=float("-inf"))  # (1, H, n, n + W - 1)
         s = q[:, :, a0:a1].float() @ kw.transpose(-1, -2) * scale + mw  # (B, H, n, n + W - 1)
-        p = torch.exp(s - lse[:, :, a0:a1, None].float())
+        p = torch.exp2((s - lse[:, :, a0:a1, None].float()) * LOG2E)
         dp = grad_out[:, :, a0:a1].float() @ vw.transpose(-1, -2)
         ds = (p * (dp - delta[:, :, a0:a1])).sum(0).contiguous()  # (H, n, n + W - 1), summed over the batch
         n, cols = ds.shape[1], ds.shape[2]
@@ -148,10 +159,11 @@ def band_bias_grad(q, k, v, r, mask, out, lse, grad_out, scale: float, q_start: 
     return dr.to(r.dtype)
 
 
-def bias_attention(q, k, v, mask, scale: float, q_start: int = 0, k_start: int = 0,
-                   r: Optional[torch.Tensor] = None) -> torch.Tensor:
+def bias_attention(q, k, v, mask, scale: float, q_start: int = 0, k_start: int = 0, r: Optional[torch.Tensor] = None,
+                   positions: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
     """softmax(q k^T * scale + mask) v for q (B, H, Tq, D) at queries [q_start, q_start + Tq) and k, v
     (B, H, Tk, D) at keys [k_start, k_start + Tk), mask (1 or B, H, Tq, Tk) -inf outside the visible set.
     Gradients reach q, k, v, the mask where it requires grad (a per-pair bias), and r (H, W + 1) where given:
-    then the mask's bias must be r[h, min(i - j, W)] (built by the caller from r, detached)."""
-    return _BiasAttention.apply(q, k, v, mask, r, scale, q_start, k_start)
+    then the mask's bias must be r[h, min(i - j, W)] (built by the caller from r, detached), i - j the
+    distance of the token indices, or of ``positions`` (B, Tq), (B, Tk) where given."""
+    return _BiasAttention.apply(q, k, v, mask, r, scale, q_start, k_start, positions)

@@ -68,9 +68,9 @@ def choose_path(encoding: encodings.Encoding, facts: Facts) -> str:
       them into plain attentions (``has_attention_parts``) and there are no sinks, whose keys are not one range.
     - sinks: the first S keys stay visible beside the window, at their cache positions (``sinks.py``).
     - folded: a low-rank bias (``has_low_rank_bias``), folded into extra q/k channels, where the device folds.
-    - distance_bias: a distance bias (``has_distance_bias``) in training on (T,) positions without blocks, where
-      the device has the bias kernel: its table r gets the gradient.
-    - bias_grad: any other bias in training there (per pair, or on per-sequence positions): the mask gets it.
+    - distance_bias: a distance bias (``has_distance_bias``) in training without blocks, where the device has
+      the bias kernel: its table r gets the gradient.
+    - bias_grad: any other bias in training there (per pair): the mask gets it.
     - fused: no bias, no window, no blocks: one causal SDPA call.
     - mask: anything else: SDPA with a float mask per chunk, the bias in it."""
     f = facts
@@ -81,7 +81,7 @@ def choose_path(encoding: encodings.Encoding, facts: Facts) -> str:
     if encoding.has_bias and encoding.has_low_rank_bias and f.fold:
         return "folded"
     if encoding.has_bias and f.grad and f.bias_kernel and f.block is None:
-        return "distance_bias" if encoding.has_distance_bias and not f.batched else "bias_grad"
+        return "distance_bias" if encoding.has_distance_bias else "bias_grad"
     if not encoding.has_bias and f.window is None and f.block is None:
         return "fused"
     return "mask"
@@ -210,7 +210,10 @@ class AttentionPlan:
         if self.sinks:  # the first S tokens stay visible (they are the first columns: key_span)
             allowed = allowed | ((k_idx[None, :] < self.sinks) & (rel <= 0))
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.distance_bias is None):  # else: a constant
-            bias = self.encoding.bias(q_pos, k_pos) if self.mask_bias else None  # (1 or B, H, q, k) or None
+            if self.distance_bias is not None and q_pos.dim() == 2:
+                bias = gather_distance_bias(self.distance_bias.detach(), q_pos, k_pos)
+            else:
+                bias = self.encoding.bias(q_pos, k_pos) if self.mask_bias else None  # (1 or B, H, q, k) or None
             if bias is not None and self.sinks:  # towards the sinks from the query's cache position
                 bias = sink_bias(self, q_pos, k_pos, bias)
         if bias is None:
@@ -221,6 +224,18 @@ class AttentionPlan:
         if self._keep_masks:
             self._masks[i] = mask
         return mask.to(dtype)
+
+
+def gather_distance_bias(r: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """r[h, min(pos_i - pos_j, W)] for (B, q), (B, k) positions -> (B, H, q, k), one row lookup per sequence
+    and head written in place (future keys, which the mask hides, read distance 0)."""
+    B, H = q_pos.shape[0], r.shape[0]
+    out = torch.empty(B, H, q_pos.shape[1], k_pos.shape[1], dtype=r.dtype, device=r.device)
+    for b in range(B):
+        distance = (q_pos[b, :, None] - k_pos[b, None, :]).clamp_(0, r.shape[1] - 1).flatten()  # (q k,)
+        for h in range(H):
+            torch.index_select(r[h], 0, distance, out=out[b, h].view(-1))
+    return out
 
 
 class Chunk(NamedTuple):

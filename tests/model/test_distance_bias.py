@@ -80,7 +80,7 @@ def _step(model, x):
 
 @pytest.mark.parametrize("name,path", [("t5", "distance_bias"), ("kerple", "distance_bias"),
                                        ("kerple-power", "distance_bias"), ("fire", "bias_grad"),
-                                       ("kerple+rand", "bias_grad"), ("kerple-power+rand", "bias_grad"),
+                                       ("kerple+rand", "distance_bias"), ("kerple-power+rand", "distance_bias"),
                                        ("fire+rand", "bias_grad")])
 @pytest.mark.parametrize("window,max_mask_bytes,bias_rows", [(None, 64 << 20, 512), (None, 4096, 48), (9, 64 << 20, 64)])
 def test_training_on_the_bias_kernel_equals_sdpa_on_the_mask(monkeypatch, name, path, window, max_mask_bytes, bias_rows):

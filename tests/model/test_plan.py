@@ -42,7 +42,7 @@ def declaring(*flags):
     ((BIAS, DISTANCE), {"grad": True, "bias_kernel": True, "window": 200}, "distance_bias"),
     ((BIAS, DISTANCE), {"bias_kernel": True}, "mask"),  # evaluation
     ((BIAS, DISTANCE), {"grad": True}, "mask"),  # no kernel on this device
-    ((BIAS, DISTANCE), {"grad": True, "bias_kernel": True, "batched": True}, "bias_grad"),
+    ((BIAS, DISTANCE), {"grad": True, "bias_kernel": True, "batched": True}, "distance_bias"),
     ((BIAS, DISTANCE), {"grad": True, "bias_kernel": True, "block": 64}, "mask"),
     ((BIAS, DISTANCE), {"grad": True, "bias_kernel": True, "sinks": 1, "window": 5}, "sinks"),
     ((BIAS, DISTANCE, LOW_RANK), {"grad": True, "bias_kernel": True}, "folded"),
@@ -71,7 +71,7 @@ def test_the_path_is_a_pure_function_of_capabilities_and_facts(flags, facts, pat
     ("t5", None, 64, True, "distance_bias"),
     ("t5", None, 600, True, "distance_bias"),
     ("kerple", None, 64, True, "distance_bias"),
-    ("kerple+rand", None, 64, True, "bias_grad"),
+    ("kerple+rand", None, 64, True, "distance_bias"),
     ("fire", None, 64, True, "bias_grad"),
     ("fire", None, 64, False, "mask"),
     ("t5", None, 600, False, "mask"),
