@@ -37,8 +37,12 @@ mcleish7/arithmetic, ``cramming/architectures/embeddings.py`` (lines 419-480 at 
 One difference stays: the reference builds one FIRE per attention layer (attention.py line 182), while this
 model computes one bias shared by all layers (model/transformer.py), like T5's bias here.
 
-The bias depends on (i - j, i), not on the distance alone, so it goes through the chunked mask path; its MLP
-runs on blocks of query rows so that its hidden activations stay bounded at any length.
+The bias depends on (i - j, i), not on the distance alone, so it goes through the chunked mask path (in
+training on the CPU, the bias kernel gives the mask its gradient: model/distance_bias.py). The MLP is never run
+pair by pair: f(u) = W2 relu(W1 u + b1) + b2 of a scalar u is piecewise linear, with a kink where a hidden unit
+switches (u = -b1_k / W1_k, at most ``mlp_width`` of them), so ``mlp_pieces`` turns the weights into one line
+per piece s (differentiable in the weights) and the bias is that line at each pair's u: the MLP's values up to
+float rounding, and its gradients, without a (pairs, width) hidden activation.
 """
 
 from __future__ import annotations
@@ -50,7 +54,54 @@ from posenc_bench.encodings.base import Encoding
 from posenc_bench.encodings.registry import register
 
 EPS = 1e-6  # eps=1e-6: mcleish7/arithmetic cramming/architectures/embeddings.py, FIRE.__init__ (line 420)
-HIDDEN_ELEMENTS = 1 << 22  # the most (rows x keys x width) hidden activations one MLP call builds
+
+
+def mlp_pieces(mlp: nn.Sequential) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``Linear(1, width) -> ReLU -> Linear(width, H)`` as lines: kinks (K,) sorted, and per piece s (u in
+    (kinks[s - 1], kinks[s]]: ``torch.bucketize``) a point p_s inside it (K + 1,), the slope A_s (K + 1, H) and
+    the MLP's value there C_s = mlp(p_s), so that mlp(u) = C_s + A_s (u - p_s). A unit with W1_k = 0 has no
+    kink (it is constant); which units are on in a piece is read at p_s. A and C carry the weights' gradients;
+    expanding around p_s keeps the sums of their gradients small (no cancellation of W1 u against b1)."""
+    w1, b1 = mlp[0].weight[:, 0], mlp[0].bias  # (width,)
+    with torch.no_grad():
+        kinks = (-b1 / w1)[w1 != 0].sort().values  # (K,)
+        inside = torch.cat([kinks[:1] - 1, (kinks[:-1] + kinks[1:]) / 2, kinks[-1:] + 1]) if len(kinks) else b1.new_zeros(1)
+        on = (inside[:, None] * w1 + b1 > 0).to(w1.dtype)  # (K + 1, width): the units active in each piece
+    slope = (on * w1) @ mlp[2].weight.t()  # (K + 1, H)
+    return kinks, inside, slope, mlp(inside[:, None])
+
+
+class _Lines(torch.autograd.Function):
+    """C[piece] + A[piece] (u - p[piece]) per head, written (L, H, Tq, Tk) from u (L, Tq, Tk): one table
+    lookup per pair and head, and in backward one scatter-add per piece instead of autograd's gather backward
+    (which sorts the pairs)."""
+
+    @staticmethod
+    def forward(ctx, u, piece, inside, slope, value):
+        L, Tq, Tk = u.shape
+        H = slope.shape[1]
+        offset = u - torch.take(inside, piece)  # (L, Tq, Tk): u - p_s
+        out = torch.empty(L, H, Tq, Tk, dtype=u.dtype, device=u.device)
+        for h in range(H):
+            torch.addcmul(torch.take(value[:, h].contiguous(), piece), torch.take(slope[:, h].contiguous(), piece),
+                          offset, out=out[:, h])
+        ctx.save_for_backward(offset, piece, slope)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        offset, piece, slope = ctx.saved_tensors
+        S, H = slope.shape
+        flat = piece.flatten()
+        du = torch.zeros_like(offset)
+        d_slope = torch.zeros(H, S, dtype=g.dtype, device=g.device)
+        d_value = torch.zeros(H, S, dtype=g.dtype, device=g.device)
+        for h in range(H):
+            gh = g[:, h].contiguous()  # (L, Tq, Tk)
+            du.addcmul_(gh, torch.take(slope[:, h].contiguous(), piece))
+            d_slope[h].scatter_add_(0, flat, (gh * offset).flatten())
+            d_value[h].scatter_add_(0, flat, gh.flatten())
+        return du, None, None, d_slope.t().to(slope.dtype), d_value.t().to(slope.dtype)
 
 
 @register("fire")
@@ -87,10 +138,7 @@ class FIRE(Encoding):
         return numerator / denominator
 
     def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        u = self.normalized_distance(q_pos, k_pos)  # (..., Tq, Tk)
-        Tq, Tk = u.shape[-2:]
-        width = self.mlp[0].out_features
-        rows = max(1, HIDDEN_ELEMENTS // max(1, Tk * width * (u.shape[0] if u.dim() == 3 else 1)))
-        parts = [self.mlp(u[..., a:a + rows, :, None]) for a in range(0, Tq, rows)]  # (..., rows, Tk, H) each
-        b = torch.cat(parts, dim=-3) if len(parts) > 1 else parts[0]  # (..., Tq, Tk, H)
-        return b.movedim(-1, -3) if b.dim() == 4 else b.movedim(-1, 0).unsqueeze(0)  # (1 or B, H, Tq, Tk)
+        u = self.normalized_distance(q_pos, k_pos)  # (Tq, Tk) or (B, Tq, Tk)
+        kinks, inside, slope, value = mlp_pieces(self.mlp)
+        u = u.reshape(-1, *u.shape[-2:])  # (1 or B, Tq, Tk)
+        return _Lines.apply(u, torch.bucketize(u.detach(), kinks), inside, slope, value)  # (1 or B, H, Tq, Tk)

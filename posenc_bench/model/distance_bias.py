@@ -96,7 +96,7 @@ def tiled_backward(q, k, v, mask, out, lse, grad_out, scale: float, offset: int,
     Tk = k.shape[2]
     delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, Tq, 1): dO_i . O_i
     dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    dmask = torch.zeros(mask.shape, dtype=mask.dtype) if want_mask else None
+    dmask = torch.empty(mask.shape, dtype=mask.dtype) if want_mask else None
     n_distances = table if positions is not None else Tk + offset if Tq else 0
     diagonals = torch.zeros(H, n_distances, dtype=torch.float32) if want_diagonals else None
     for a0 in range(0, Tq, ROWS):
@@ -110,8 +110,12 @@ def tiled_backward(q, k, v, mask, out, lse, grad_out, scale: float, offset: int,
         ds.sub_(delta[:, :, a0:a1]).mul_(p)
         dq[:, :, a0:a1] = (ds @ kb).mul_(scale)
         dk[:, :, :cols] += (ds.transpose(-1, -2) @ qb).mul_(scale)
-        if want_mask:
-            dmask[:, :, a0:a1, :cols] = ds if mask.shape[0] == B else ds.sum(0, keepdim=True)
+        if want_mask:  # one mask for the batch gets the batch's sum; keys past the block's last row: dS = 0
+            if mask.shape[0] == 1:
+                torch.sum(ds, 0, keepdim=True, out=dmask[:, :, a0:a1, :cols])
+            else:
+                dmask[:, :, a0:a1, :cols] = ds
+            dmask[:, :, a0:a1, cols:] = 0
         if want_diagonals and positions is not None:  # distance index of every pair, per sequence
             q_pos, k_pos = positions
             d = (q_pos[:, a0:a1, None] - k_pos[:, None, :cols]).clamp_(0, n_distances - 1)  # (B, n, cols)

@@ -119,7 +119,8 @@ class AttentionPlan:
     Chunk i covers queries [qs, qe) and keys [ks, qe), after keys [0, min(S, ks)) with S sinks (``key_span``):
     a sink chunk costs its window, not its whole prefix. When all chunks' masks together fit in
     ``max_mask_bytes`` they are built once per forward and shared by the layers; otherwise each layer rebuilds
-    them, so at most one chunk's mask is alive at a time.
+    them, so at most one chunk's mask is alive at a time, except on the bias kernel's paths (training), whose
+    backward keeps every layer's masks: there they are always shared.
     """
 
     FOLD_ROWS = 256
@@ -155,7 +156,8 @@ class AttentionPlan:
                        for qs, _, ks in self.chunks]
         mask_bytes = sum(4 * mask_heads * mask_batch * (qe - qs) * (self.key_span(i)[0] + qe - ks)
                          for i, ((qs, qe, ks), c) in enumerate(zip(self.chunks, self.causal)) if not c)
-        self._keep_masks = mask_bytes <= max_mask_bytes
+        # on the bias kernel (training) every layer's backward keeps its masks anyway: sharing them is the least memory
+        self._keep_masks = mask_bytes <= max_mask_bytes or self.path in ("distance_bias", "bias_grad")
         self._masks: dict[int, torch.Tensor] = {}
         self.factors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # fold_bias's, per chunk
 

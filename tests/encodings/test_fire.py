@@ -1,6 +1,7 @@
 """FIRE: b(i, j) = f(psi(i - j) / psi(max(L, i))), psi(x) = log(c x + 1), entry by entry; the authors' defaults,
 and the whole bias against the reference code in float64."""
 
+import copy
 import math
 
 import pytest
@@ -159,18 +160,34 @@ def test_normalised_distance_stays_in_unit_interval_at_any_length():
     assert enc.normalized_distance(pos[:3], pos[:3])[0, 2] > 0  # a future key: psi(|i - j|), as the reference
 
 
-def test_row_blocks_equal_one_call_and_batched_positions():
-    from posenc_bench.encodings import fire
-
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_mlp_as_lines_equals_the_mlp_and_its_gradients(seed):
+    """bias() evaluates the MLP as one line per piece between its kinks: equal to running the MLP on every pair
+    (float32, 1e-5) in value, and in the gradient of every parameter (c and L included) as close to the MLP's
+    in float64 as float32 allows (1e-5 of each gradient's scale: a gradient sums 90,000 pairs); units with
+    W1 = 0 (no kink) included."""
+    torch.manual_seed(seed)
     enc = build()
+    with torch.no_grad():
+        enc.mlp[0].weight[:3] = 0  # constant units
+        enc.c.fill_(0.3 + seed)
     pos = torch.arange(300)
-    whole = enc.bias(pos, pos)
-    old = fire.HIDDEN_ELEMENTS
-    fire.HIDDEN_ELEMENTS = 32 * 300 * 7  # 7 rows per MLP call
-    try:
-        assert torch.allclose(enc.bias(pos, pos), whole)
-    finally:
-        fire.HIDDEN_ELEMENTS = old
+
+    def pair_by_pair(e):
+        return e.mlp(e.normalized_distance(pos, pos)[..., None]).movedim(-1, 0).unsqueeze(0)  # (1, H, T, T)
+
+    lines = enc.bias(pos, pos)
+    torch.testing.assert_close(lines, pair_by_pair(enc), rtol=1e-5, atol=1e-6)
+    g = torch.randn(lines.shape, generator=torch.Generator().manual_seed(seed))
+    ours = torch.autograd.grad(lines, list(enc.parameters()), g)
+    exact = copy.deepcopy(enc).double()
+    want = torch.autograd.grad(pair_by_pair(exact), list(exact.parameters()), g.double())
+    for a, b in zip(ours, want):
+        torch.testing.assert_close(a.double(), b, rtol=0, atol=1e-5 * float(b.abs().max()))
+
+
+def test_batched_positions_are_each_sequences_own():
+    enc = build()
     batched = torch.tensor([[0, 5, 40, 90], [2, 3, 4, 5]])
     b = enc.bias(batched, batched)
     assert b.shape == (2, 2, 4, 4)
