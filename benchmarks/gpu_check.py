@@ -66,9 +66,10 @@ def time_part(out: Path, name: str, args: list[str]) -> str:
     return f"{name} {len(rows)} rows"
 
 
-def run_summary(folder: Path, peak_tflops) -> dict:
+def run_summary(folder: Path, peak_tflops: dict) -> dict:
     """Each row of a finished ``posenc-bench run`` folder: tokens/s in training (the run's own figure, the first,
-    warming step included), model TFLOP/s and MFU by ``mfu.step_flops``, and ppl at each eval length."""
+    warming step included), model TFLOP/s and MFU by ``mfu.step_flops`` (against ``peak_tflops`` of the run's
+    precision where given, else the GPU's in ``mfu.PEAK_TFLOPS``), and ppl at each eval length."""
     records = json.loads((folder / "results.json").read_text())["records"]
     rows: dict[str, dict] = {}
     for r in records:
@@ -76,7 +77,7 @@ def run_summary(folder: Path, peak_tflops) -> dict:
         model = ModelConfig(**{k: v for k, v in cfg["model"].items() if k in ModelConfig.__dataclass_fields__})
         T, B = cfg["train"]["train_len"], cfg["train"]["batch_size"]
         gpu = r["device"].split(":", 1)[1] if r["device"].startswith("cuda:") else None
-        peak, source = mfu.peak_flops(gpu, cfg["precision"], peak_tflops)
+        peak, source = mfu.peak_flops(gpu, cfg["precision"], peak_tflops.get(cfg["precision"]))
         row = rows.setdefault(r["encoding"], {"ppl": {}, "device": r["device"], "precision": cfg["precision"],
                                               "steps": cfg["train"]["steps"], "peak": source})
         row["ppl"][f"{r['ratio']:g}x"] = r.get("ppl")
@@ -89,7 +90,7 @@ def run_summary(folder: Path, peak_tflops) -> dict:
     return rows
 
 
-def run_part(out: Path, name: str, args: list[str], peak_tflops) -> str:
+def run_part(out: Path, name: str, args: list[str], peak_tflops: dict) -> str:
     """``posenc-bench run`` into ``out/name`` (resumed cell by cell), then ``out/name.json``, its summary."""
     if posenc_bench(["run", "--config", "long-2048", *args, "--out", str(out / name)]) != 0:
         raise SystemExit(f"gpu_check: posenc-bench run for {name} failed; rerun to resume")
@@ -107,12 +108,13 @@ def run_part(out: Path, name: str, args: list[str], peak_tflops) -> str:
 def parts(args) -> list[tuple[str, Path, object]]:
     """(name, the file whose presence means done, what makes it) of the mode's parts, in order."""
     out, dev = Path(args.out), ["--device", "cpu" if args.tiny else args.device]
-    peak = [] if args.peak_tflops is None else ["--peak-tflops", str(args.peak_tflops)]
+    given = {p: v for p, v in (("fp32", args.peak_tflops_fp32), ("bf16", args.peak_tflops_bf16)) if v is not None}
+    peak = {p: [] if p not in given else ["--peak-tflops", str(given[p])] for p in ("fp32", "bf16")}
     if args.mode == "train":
         steps = ["--steps", str(3 if args.tiny else args.steps)]
         run = TINY_RUN + ["--eval-lens", "1x,2x"] if args.tiny else ["--eval-tokens", str(args.eval_tokens)]
         return [("train-2048", out / "train-2048.json", lambda: run_part(
-            out, "train-2048", ["--encodings", args.rows or TRAIN_ROWS, *dev, *steps, *run], args.peak_tflops))]
+            out, "train-2048", ["--encodings", args.rows or TRAIN_ROWS, *dev, *steps, *run], given))]
     timing = TINY_TIME if args.tiny else ["--lengths", "2048,8192", "--train-len", "2048", "--encodings", TIMED,
                                           "--min-run-time", "0.1", "--train-min-run-time", "0.3"]
     skip = ["--skip", "generation,llama,memory"]
@@ -120,9 +122,9 @@ def parts(args) -> list[tuple[str, Path, object]]:
                  "--eval-lens", "1x", *(TINY_RUN if args.tiny else ["--set", "train.warmup_steps=20",
                                                                     "--eval-tokens", "65536"])]
     return [(f"time-{p}", out / f"time-{p}" / "timing.json",
-             lambda p=p: time_part(out, f"time-{p}", [*dev, "--precision", p, *timing, *skip, *peak]))
+             lambda p=p: time_part(out, f"time-{p}", [*dev, "--precision", p, *timing, *skip, *peak[p]]))
             for p in ("fp32", "bf16")] + [
-        ("long-2048", out / "long-2048.json", lambda: run_part(out, "long-2048", long_args, args.peak_tflops))]
+        ("long-2048", out / "long-2048.json", lambda: run_part(out, "long-2048", long_args, given))]
 
 
 def main(argv=None) -> int:
@@ -135,8 +137,9 @@ def main(argv=None) -> int:
     p.add_argument("--long-steps", type=int, default=200, help="measure: steps of the long-2048 rows (default 200)")
     p.add_argument("--eval-tokens", type=int, default=262144, help="train: tokens scored a length (default 262144)")
     p.add_argument("--rows", help=f"the rows trained (train: {TRAIN_ROWS}; measure's long-2048: {LONG_ROWS})")
-    p.add_argument("--peak-tflops", type=float, help="the GPU's peak TFLOP/s at each part's precision for MFU "
-                   "(default: the data-sheet table of bench/timing/mfu.py)")
+    for precision in ("fp32", "bf16"):
+        p.add_argument(f"--peak-tflops-{precision}", type=float, help=f"the GPU's peak TFLOP/s in {precision} for MFU "
+                       "(default: the data-sheet table of bench/timing/mfu.py)")
     args = p.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     start, ran, skipped = time.monotonic(), [], []

@@ -25,10 +25,15 @@ def test_the_plan_names_each_part_and_the_file_that_says_it_is_done(tmp_path):
     gc = load()
     args = lambda *a: gc.argparse.Namespace(**{"out": str(tmp_path), "device": "cuda", "tiny": False, "steps": 1000,  # noqa: E731
                                                "long_steps": 200, "eval_tokens": 262144, "rows": None,
-                                               "peak_tflops": None, "mode": a[0]})
+                                               "peak_tflops_fp32": None, "peak_tflops_bf16": None,
+                                               "mode": a[0]})
     measure = gc.parts(args("measure"))
     assert [(n, d.relative_to(tmp_path).as_posix()) for n, d, _ in measure] == [
         ("time-fp32", "time-fp32/timing.json"), ("time-bf16", "time-bf16/timing.json"), ("long-2048", "long-2048.json")]
+    calls = []  # the bf16 table's part, given its own peak
+    gc.time_part = lambda out, name, a: calls.append((name, a))
+    gc.parts(gc.argparse.Namespace(**{**vars(args("measure")), "peak_tflops_bf16": 790.0}))[1][2]()
+    assert calls[0][0] == "time-bf16" and calls[0][1][-2:] == ["--peak-tflops", "790.0"]
     train = gc.parts(args("train"))
     assert [(n, d.relative_to(tmp_path).as_posix()) for n, d, _ in train] == [("train-2048", "train-2048.json")]
     assert gc.TRAIN_ROWS.split(",") == ["nope", "rope", "alibi", "t5", "sinusoidal", "kerple-power", "xpos", "xpos+bca"]
@@ -42,14 +47,14 @@ def test_run_summary_prices_each_trained_row_by_its_flops_against_the_gpu_peak(t
                {"encoding": "xpos+bca", "ratio": 2.0, "ppl": 4.0, "train_tokens_per_s": 900_000.0,
                 "device": "cuda:NVIDIA H200", "config": config}]
     (tmp_path / "results.json").write_text(json.dumps({"records": records}))
-    rows = load().run_summary(tmp_path, None)
+    rows = load().run_summary(tmp_path, {})
     per_token = step_flops(ModelConfig(**model), 16, 2048) / (16 * 2048)
     assert rows["rope"]["tflops"] == pytest.approx(1e6 * per_token / 1e12)
     assert rows["rope"]["mfu"] == pytest.approx(1e6 * per_token / 989e12)
     assert rows["rope"]["peak"].startswith("NVIDIA H200 SXM dense bf16: 989 TFLOP/s")
     assert rows["xpos+bca"] == {"ppl": {"2x": 4.0}, "device": "cuda:NVIDIA H200", "precision": "bf16", "steps": 200,
                                 "peak": rows["rope"]["peak"], "model": "xpos"}  # evaluated only: no speed of its own
-    assert load().run_summary(tmp_path, 790.0)["rope"]["mfu"] == pytest.approx(1e6 * per_token / 790e12)
+    assert load().run_summary(tmp_path, {"bf16": 790.0, "fp32": 1.0})["rope"]["mfu"] == pytest.approx(1e6 * per_token / 790e12)
 
 
 @pytest.mark.slow
