@@ -24,3 +24,15 @@ def test_cuda_without_cuda_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["time", "--device", "cuda", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "CUDA is not available" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--skip", "generation,gen"], "skip 'gen': the parts are generation, attention, memory, bias-memory, training, llama"),
+    (["--encodings", "rope,rope-yarn"], "encodings 'rope-yarn' are not trained encodings; valid: sinusoidal"),
+    (["--peak-tflops", "0"], "peak_tflops must be positive, got 0.0"),
+])
+def test_bad_selection_is_one_line_and_exit_2(tmp_path, capsys, args, message):
+    assert main(["time", "--device", "cpu", "--out", str(tmp_path), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "timing.json").exists()

@@ -20,6 +20,7 @@ from posenc_bench.errors import ConfigError
 
 # A block shorter than this many clock steps is rounded by more than a tenth of itself.
 CLOCK_STEPS = 10
+FUSED = "nope"  # the fused causal path: every x_fused is a time (or peak) over its own
 
 
 @functools.cache  # once per process and clock
@@ -75,6 +76,14 @@ def alternate_rounds(fns: dict[str, Callable[[], object]], reference: str, *, ro
     ratios = {name: [t["median_s"] / ref["median_s"] for t, ref in zip(ts, timings[reference])]
               for name, ts in timings.items()}
     return timings, ratios
+
+
+def versus_fused(timings: list[dict], ratios: list[float]) -> tuple[dict, str]:
+    """The columns an alternated row adds, and their words for the log: the median of its rounds' ratios to the
+    fused path with every round's, and whether any round's number was the clock's."""
+    columns = {"clock_bound": any(t["clock_bound"] for t in timings), "x_fused": median(ratios),
+               "x_fused_rounds": [round(r, 3) for r in ratios]}
+    return columns, f"x{median(ratios):.2f} fused (rounds {', '.join(f'{r:.2f}' for r in ratios)})"
 
 
 def median(values: list) -> float:

@@ -12,12 +12,16 @@ the same run.
     ``LlamaRotaryEmbedding`` for RoPE (``x_textbook``: reference time / ours, > 1 means ours is faster).
 - Application, per length: one attention layer's forward with the encoding (``x_fused``: time / the same layer
   on the fused causal path, i.e. ``nope``), and per trained encoding a forward+backward of the small model at
-  ``train_len`` (also ``x_fused``).
+  ``train_len`` (also ``x_fused``), with its peak memory, tokens/s and, on CUDA, its MFU (``training.py``,
+  ``mfu.py``).
+- Eval peak memory: every encoding at 4x the default run's train length, and the bias encodings at 4x
+  ``train_len``, batch 1 (``bench/eval/memory.py``).
 - Training throughput of our RoPE model against transformers' ``LlamaForCausalLM`` of the same size.
 
 What is timed is the registry's: every trained encoding (``encodings.trained()``) and the zero-shot rows of the
 rope model (``encodings.variants``). The references live in ``references.py``, the measuring in
-``measure.py``, the eval peak memory in ``eval_memory.py``.
+``measure.py``, the training part in ``training.py``, the peak memory in ``bench/eval/memory.py``. ``PARTS``
+names the parts; a run may skip some and time fewer trained encodings (``TimingConfig.skip``, ``encodings``).
 """
 
 from __future__ import annotations
@@ -30,19 +34,21 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import torch
-import torch.nn.functional as F
 
 from posenc_bench import encodings
 from posenc_bench.bench.eval import memory as eval_memory
-from posenc_bench.bench.timing.measure import CLOCK_STEPS, alternate_rounds, clock_resolution, measure, median, speed_words
-from posenc_bench.bench.timing.references import floor_fns, hf_rotary, llama_like, textbook_sinusoidal
+from posenc_bench.bench.timing import mfu
+from posenc_bench.bench.timing.measure import (CLOCK_STEPS, FUSED, alternate_rounds, clock_resolution, measure, median,
+                                              speed_words, versus_fused)
+from posenc_bench.bench.timing.training import EXPLICIT, training_rows, versus_llama
+from posenc_bench.bench.timing.references import floor_fns, hf_rotary, textbook_sinusoidal
 from posenc_bench.bench.rows import Row
 from posenc_bench.encodings.sinks import PAPER_SINKS
 from posenc_bench.env import cpu_name, git_commit, precision_dtype, resolve_device, threads_in_words
 from posenc_bench.errors import ConfigError
 from posenc_bench.files import atomic_write_json, atomic_write_text
 from posenc_bench.model.attention import AttentionPlan
-from posenc_bench.model.transformer import CausalSelfAttention, DecoderLM, ModelConfig
+from posenc_bench.model.transformer import CausalSelfAttention, ModelConfig
 from posenc_bench.values import TRAIN_PRECISIONS
 
 
@@ -60,12 +66,47 @@ class TimingConfig:
     max_bias_bytes: int = 256 << 20  # skip building a full (H, L, L) bias above this
     application: bool = True
     training: bool = True
+    train_min_run_time: float = 1.0  # seconds per blocked_autorange of a forward+backward (at least min_run_time)
+    encodings: Optional[list] = None  # the trained encodings timed (None: all; nope always; rope's fixes with rope)
+    skip: list = field(default_factory=list)  # parts left out, of PARTS
+    eval_len: int = 0  # the bias encodings' eval peak memory at this length (0: 4 x train_len) ...
+    eval_batch: int = 1  # ... and batch, the model trained at train_len
+    peak_tflops: Optional[float] = None  # the device's peak for MFU (None: mfu.PEAK_TFLOPS by the GPU's name)
+
+
+# generation; one attention layer; eval peak memory at 4x the default run's length; the bias encodings' eval peak
+# memory at 4x train_len; forward+backward with peak memory and MFU; the training step against Llama
+PARTS = ("generation", "attention", "memory", "bias-memory", "training", "llama")
+
+
+def parts(tc: TimingConfig) -> list[str]:
+    """The parts ``tc`` runs: PARTS less ``skip``, less the application and training parts when those are off;
+    ConfigError for a name that is no part."""
+    bad = [p for p in tc.skip if p not in PARTS]
+    if bad:
+        raise ConfigError(f"skip {', '.join(map(repr, bad))}: the parts are {', '.join(PARTS)}")
+    off = set(tc.skip) | (set() if tc.application else {"attention"}) | (set() if tc.training else set(PARTS[2:]))
+    return [p for p in PARTS if p not in off]
+
+
+def timed_encodings(tc: TimingConfig) -> list[str]:
+    """The trained encodings ``tc`` times, the fused path first; ConfigError for one that is not trained."""
+    every = encodings.trained()
+    if tc.encodings is None:
+        return fused_first(every)
+    bad = [n for n in tc.encodings if n not in every]
+    if bad:
+        raise ConfigError(f"encodings {', '.join(map(repr, bad))} are not trained encodings; valid: {', '.join(every)}")
+    return fused_first(list(dict.fromkeys([FUSED, *tc.encodings])))
+
+
+def bias_encodings(names: list[str]) -> list[str]:
+    """The relative-bias family among ``names`` (T5, ALiBi, KERPLE, FIRE: the registry's family), whose bias
+    at a long eval length is the memory a fused path does not pay."""
+    return [n for n in names if encodings.family(encodings.get_class(n)) == "relative bias"]
 
 
 # ---- what is timed --------------------------------------------------------------------------------------
-
-FUSED = "nope"  # the fused causal path: every x_fused is a time (or peak) over its own
-
 
 def fused_first(names: list[str]) -> list[str]:
     """``names`` with the fused reference first (the order of the rows in the tables)."""
@@ -170,16 +211,8 @@ def generation_rows(tc: TimingConfig, device: torch.device, length: int, log: Ca
     return rows
 
 
-def versus_fused(timings: list[dict], ratios: list[float]) -> tuple[dict, str]:
-    """The columns an alternated row adds, and their words for the log: the median of its rounds' ratios to the
-    fused path with every round's, and whether any round's number was the clock's."""
-    columns = {"clock_bound": any(t["clock_bound"] for t in timings), "x_fused": median(ratios),
-               "x_fused_rounds": [round(r, 3) for r in ratios]}
-    return columns, f"x{median(ratios):.2f} fused (rounds {', '.join(f'{r:.2f}' for r in ratios)})"
-
-
 def attention_rows(tc: TimingConfig, device: torch.device, dtype: torch.dtype, length: int, log,
-                   rounds: int = 3) -> list[dict]:
+                   names: Optional[list[str]] = None, rounds: int = 3) -> list[dict]:
     """One attention layer's forward per encoding at ``length`` (batch 1), relative to the fused path.
 
     Like ``training_rows``, the variants are measured in turn ``rounds`` times and each round's ratio is
@@ -193,8 +226,9 @@ def attention_rows(tc: TimingConfig, device: torch.device, dtype: torch.dtype, l
     x = torch.randn(1, length, d, device=device, dtype=dtype)
     pos = torch.arange(length, device=device)
     forwards = {}
-    fixes = rope_fixes(length // 4)
-    for name, explicit in [(n, False) for n in fused_first(encodings.trained()) + fixes] + [("alibi", True)]:
+    names = fused_first(encodings.trained()) if names is None else names
+    fixes = rope_fixes(length // 4) if "rope" in names else []
+    for name, explicit in [(n, False) for n in names + fixes] + [("alibi", True)] * ("alibi" in names):
         # a zero-shot fix evaluates a model trained at a quarter of this length: its path at 4x
         enc = encodings.build(name, d_model=d, n_heads=H, train_len=length // 4 if name in fixes else length).to(device)
         enc.set_eval_length(length)
@@ -207,7 +241,7 @@ def attention_rows(tc: TimingConfig, device: torch.device, dtype: torch.dtype, l
                 plan = AttentionPlan(enc, pos, None, 64 << 20)
                 return layer(h, enc, plan)
 
-        forwards[name + (" (explicit bias)" if explicit else "")] = fwd
+        forwards[name + (EXPLICIT if explicit else "")] = fwd
     timings, ratios = alternate_rounds(forwards, FUSED, rounds=rounds, min_run_time=tc.min_run_time)
     rows = []
     for label, ts in timings.items():
@@ -217,85 +251,6 @@ def attention_rows(tc: TimingConfig, device: torch.device, dtype: torch.dtype, l
                      "length": length, "dims": f"{H}x{D}", **ts[mid], "runs": sum(t["runs"] for t in ts), **fused})
         log(f"  attn {label:<24} L={length:<6} {ts[mid]['median_s'] * 1e3:9.2f} ms  {words}")
     return rows
-
-
-def _loss(model, batch):
-    out = model(batch[:, :-1])
-    logits = out if isinstance(out, torch.Tensor) else out.logits
-    return F.cross_entropy(logits.float().flatten(0, 1), batch[:, 1:].flatten())
-
-
-def training_rows(tc: TimingConfig, device: torch.device, log, rounds: int = 3) -> list[dict]:
-    """Forward+backward of configs/default.yaml's model at train_len per trained encoding, vs nope (fused).
-
-    The variants are measured in turn, ``rounds`` times; each round's ratio is taken against that round's
-    fused time and the median ratio reported with all of them (a shared machine drifts between rounds)."""
-    T = tc.train_len
-    B = max(1, tc.train_tokens // T)
-    torch.manual_seed(0)
-    batch = torch.randint(0, 256, (B, T + 1), device=device)
-    steps = {}
-    trained = fused_first([n for n in encodings.trained() if n != "learned"])
-    for name, explicit in [(n, False) for n in trained] + [("alibi", True), ("t5", True)]:
-        model = DecoderLM(ModelConfig(), name, T, seed=0).to(device)
-        if explicit:  # the straightforward path: a (1, H, q, k) bias mask through SDPA
-            model.encoding.has_low_rank_bias = False
-            model.encoding.has_distance_bias = False
-
-        def step(model=model):
-            _loss(model, batch).backward()
-            model.zero_grad(set_to_none=True)
-
-        steps[name + (" (explicit bias)" if explicit else "")] = step
-    timings, ratios = alternate_rounds(steps, FUSED, rounds=rounds, min_run_time=max(tc.min_run_time, 1.0))
-    rows = []
-    for label, ts in timings.items():
-        fused, words = versus_fused(ts, ratios[label])
-        rows.append({"part": "model forward+backward", "encoding": label, "what": f"batch {B}, {rounds} rounds",
-                     "length": T, "dims": "d128 L4 H4", "median_s": median([t["median_s"] for t in ts]), "iqr_s": None,
-                     "runs": rounds, **fused})
-        log(f"  train {label:<24} T={T:<6} {rows[-1]['median_s'] * 1e3:9.1f} ms  {words}")
-    return rows
-
-
-def versus_llama(device: torch.device, log, *, train_len: int = 128, batch: int = 32, rounds: int = 9,
-                 min_run_time: float = 0.5) -> dict:
-    """Training step (forward, backward, AdamW) of our RoPE model vs transformers' LlamaForCausalLM of the
-    same size, at the default run's shape; alternated ``rounds`` times (each after one untimed step), the
-    ratio of each pair reported."""
-    cfg = ModelConfig()
-    ours = DecoderLM(cfg, "rope", train_len, seed=0).to(device)
-    llama = llama_like(cfg, train_len).to(device)
-    torch.manual_seed(0)
-    data = torch.randint(0, 256, (batch, train_len + 1), device=device)
-
-    def stepper(model):
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-
-        def step():
-            opt.zero_grad(set_to_none=True)
-            _loss(model, data).backward()
-            opt.step()
-
-        return step
-
-    steps = {"ours": stepper(ours), "llama": stepper(llama)}
-    for step in steps.values():  # AdamW's state and first-call allocations stay out of the rounds
-        step()
-    timings, per_round = alternate_rounds(steps, "ours", rounds=rounds, min_run_time=min_run_time)
-    ratios = per_round["llama"]  # Llama's time / ours = our tokens/s / Llama's
-    times = {k: [t["median_s"] for t in ts] for k, ts in timings.items()}
-    tokens = batch * train_len
-    result = {
-        "shape": f"batch {batch} x {train_len} tokens", "params_ours": sum(p.numel() for p in ours.parameters()),
-        "params_llama": sum(p.numel() for p in llama.parameters()),
-        "ours_tokens_per_s": [tokens / t for t in times["ours"]], "llama_tokens_per_s": [tokens / t for t in times["llama"]],
-        "ratio": median(ratios), "ratios": ratios,
-        "note": "ours: LayerNorm, 4x GELU MLP; Llama: RMSNorm, SwiGLU with 8/3x inner size (same parameters +-0.2%)",
-    }
-    log(f"  training tokens/s at {result['shape']}, our rope model / LlamaForCausalLM ({result['params_ours']:,} vs "
-        f"{result['params_llama']:,} parameters): {result['ratio']:.2f}x (rounds: {', '.join(f'{r:.2f}' for r in ratios)})")
-    return result
 
 
 # ---- rows the clock decided -----------------------------------------------------------------------------
@@ -329,6 +284,9 @@ def clock_note(result: dict) -> Optional[str]:
 
 def run_timing(tc: TimingConfig, log: Callable[[str], None] = print) -> dict:
     dtype = precision_dtype(tc.precision, TRAIN_PRECISIONS)  # ConfigError naming the valid ones
+    todo, names = parts(tc), timed_encodings(tc)
+    if tc.peak_tflops is not None and tc.peak_tflops <= 0:
+        raise ConfigError(f"peak_tflops must be positive, got {tc.peak_tflops!r}")
     if not tc.lengths or any(int(n) < 1 for n in tc.lengths):
         raise ConfigError(f"lengths must be positive integers, got {tc.lengths!r}")
     if tc.d_model % 2 or tc.head_dim % 2 or tc.d_model < tc.head_dim:
@@ -339,30 +297,39 @@ def run_timing(tc: TimingConfig, log: Callable[[str], None] = print) -> dict:
     info = machine(device)
     log(f"timing on {device}: {info.get('gpu', info['cpu'])}, {threads_in_words(info['threads'])}, torch {info['torch']}, "
         f"timer resolution {seconds(info['timer_resolution_s'])}")
+    peak, peak_source = mfu.peak_flops(info.get("gpu"), tc.precision, tc.peak_tflops)
     rows: list[dict] = []
-    for length in tc.lengths:
+    for length in tc.lengths if "generation" in todo else []:
         rows += generation_rows(tc, device, int(length), log)
-    if tc.application:
-        for length in tc.lengths:
-            rows += attention_rows(tc, device, dtype, int(length), log)
+    for length in tc.lengths if "attention" in todo else []:
+        rows += attention_rows(tc, device, dtype, int(length), log, names)
+    trained = [n for n in names if n != "learned"]
+    if "memory" in todo:
+        fixes = rope_fixes(eval_memory.TRAIN_LEN) if "rope" in names else []
+        rows += eval_memory.memory_rows(device, trained + fixes, FUSED, log, precision=tc.precision)
+    if "bias-memory" in todo:
+        rows += eval_memory.memory_rows(device, [FUSED] + bias_encodings(names), FUSED, log, train_len=tc.train_len,
+                                        length=tc.eval_len or 4 * tc.train_len, batch=tc.eval_batch, precision=tc.precision)
+    if "training" in todo:
+        rows += training_rows(tc, device, log, trained, peak)
+        log(f"  MFU: {peak_source}; FLOPs a step: {mfu.FLOP_COUNT}")
     llama = llama_long = None
-    if tc.training:
-        trained = fused_first([n for n in encodings.trained() if n != "learned"])
-        rows += eval_memory.memory_rows(device, trained + rope_fixes(eval_memory.TRAIN_LEN), FUSED, log)
-        rows += training_rows(tc, device, log)
+    if "llama" in todo:
         llama = versus_llama(device, log)  # the default run's shape, batch 32 x 128
         # and the forward+backward rows' shape, where attention is most of a step
         llama_long = versus_llama(device, log, train_len=tc.train_len, batch=max(1, tc.train_tokens // tc.train_len),
                                   rounds=5)
     result = {"schema_version": 1, "config": asdict(tc), "machine": info, "commit": git_commit(),
-              "rows": rows, "versus_llama": llama, "versus_llama_long": llama_long}
+              "rows": rows, "versus_llama": llama, "versus_llama_long": llama_long,
+              "mfu": {"peak_flops": peak, "peak": peak_source, "flop_count": mfu.FLOP_COUNT}}
     if note := clock_note(result):
         log(f"warning: {note}")
     return result
 
 
 COLUMNS = ["part", "encoding", "what", "length", "dims", "median_ms", "iqr_ms", "floor_ms", "x_floor",
-           "reference", "reference_ms", "x_textbook", "x_fused", "peak_mib", "setup_ms"]
+           "reference", "reference_ms", "x_textbook", "x_fused", "peak_mib", "peak_x_fused", "tokens_per_s", "tflops",
+           "mfu_pct", "setup_ms"]
 
 
 def recorded_precision(result: dict) -> str:
@@ -381,7 +348,10 @@ def table_rows(result: dict) -> list[dict]:
                     "length": r["length"], "dims": r["dims"], "median_ms": ms(r.get("median_s")), "iqr_ms": ms(r.get("iqr_s")),
                     "floor_ms": ms(r.get("floor_s")), "x_floor": rr(r.get("x_floor")), "reference": r.get("reference", ""),
                     "reference_ms": ms(r.get("reference_s")), "x_textbook": rr(r.get("x_textbook")), "x_fused": rr(r.get("x_fused")),
-                    "peak_mib": r.get("peak_mib"), "setup_ms": ms(r.get("setup_s"))})
+                    "peak_mib": r.get("peak_mib"), "peak_x_fused": rr(r.get("peak_x_fused")),
+                    "tokens_per_s": None if r.get("tokens_per_s") is None else round(r["tokens_per_s"]),
+                    "tflops": None if r.get("tflops") is None else round(r["tflops"], 3),
+                    "mfu_pct": None if r.get("mfu") is None else round(100 * r["mfu"], 2), "setup_ms": ms(r.get("setup_s"))})
     return out
 
 
@@ -394,16 +364,21 @@ def markdown(result: dict) -> str:
             f"dtype {recorded_precision(result)}, commit {result['commit']}. Median of torch.utils.benchmark "
             f"blocked_autorange; IQR beside it. x_floor = time / floor (the larger of writing the output and one fp32 "
             f"sin per value); x_textbook = reference time / ours (> 1: ours faster); x_fused = time / the same work on "
-            f"SDPA's fused causal path (nope); setup_ms = a RoPE scaling's frequencies, computed once per eval length.\n")
+            f"SDPA's fused causal path (nope); setup_ms = a RoPE scaling's frequencies, computed once per eval length; "
+            f"peak_mib = the extra peak memory of the forward (eval) or forward+backward (training), peak_x_fused its "
+            f"ratio to the fused path's; tflops = a step's model FLOPs / its time, mfu_pct = that over the device's "
+            f"peak (CUDA only).\n")
+    if (m_fu := result.get("mfu")) and any(r["part"] == "model forward+backward" for r in result["rows"]):
+        head += f"\nMFU peak: {m_fu['peak']}. FLOPs a step: {m_fu['flop_count']}.\n"
     rows = table_rows(result)
-    parts = []
+    tables = []
     for part in dict.fromkeys(r["part"] for r in rows):
         sel = [{k: v for k, v in r.items() if k not in ("device", "dtype", "part")} for r in rows if r["part"] == part]
         keep = [k for k in sel[0] if any(s[k] not in (None, "") for s in sel)]
-        parts.append(f"### {part}\n\n" + tabulate([[s[k] for k in keep] for s in sel], headers=keep, tablefmt="github"))
+        tables.append(f"### {part}\n\n" + tabulate([[s[k] for k in keep] for s in sel], headers=keep, tablefmt="github"))
     note = clock_note(result)
     text = head + (f"\n**Clock-bound:** {note}.\n" if note else "")
-    text += "\n" + "\n\n".join(parts) + "\n"
+    text += "\n" + "\n\n".join(tables) + "\n"
     for v in (result.get("versus_llama"), result.get("versus_llama_long")):
         if not v:
             continue

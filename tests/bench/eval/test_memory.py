@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from posenc_bench.bench.eval import memory as eval_memory
-from posenc_bench.bench.eval.memory import eval_peak_memory, memory_rows
+from posenc_bench.bench.eval.memory import eval_peak_memory, measure_peaks, memory_rows, train_peak_memory
 
 
 def test_eval_peak_memory_is_measured_per_encoding():
@@ -24,14 +24,38 @@ def test_memory_rows_are_ratios_to_the_reference_measured_first(monkeypatch):
     peaks = {"nope": 2 << 20, "rope": 3 << 20, "t5": 4 << 20}
     seen = []
 
-    def fake(name, device, train_len, length, batch):
-        seen.append((name, train_len, length, batch))
+    def fake(name, device, train_len, length, batch, precision):
+        seen.append((name, train_len, length, batch, precision))
         return peaks[name]
 
     monkeypatch.setattr(eval_memory, "eval_peak_memory", fake)
     rows = memory_rows(torch.device("cpu"), ["rope", "nope", "t5"], "nope", lambda _: None)
     assert [r["encoding"] for r in rows] == ["nope", "rope", "t5"]
     assert [r["x_fused"] for r in rows] == [1.0, 1.5, 2.0] and [r["peak_mib"] for r in rows] == [2.0, 3.0, 4.0]
-    assert seen[0] == ("nope", 128, 512, 32)  # 4x the default run's 128, a batch of 16384 tokens
+    assert seen[0] == ("nope", 128, 512, 32, "fp32")  # 4x the default run's 128, a batch of 16384 tokens
+    seen.clear()
+    long = memory_rows(torch.device("cpu"), ["t5", "nope"], "nope", lambda _: None, train_len=2048, length=8192,
+                       batch=1, precision="bf16")
+    assert seen == [("nope", 2048, 8192, 1, "bf16"), ("t5", 2048, 8192, 1, "bf16")]
+    assert [r["what"] for r in long] == ["forward at 4x, batch 1"] * 2 and long[1]["length"] == 8192
     monkeypatch.setattr(eval_memory, "eval_peak_memory", lambda *a: None)  # no way to measure: no rows
     assert memory_rows(torch.device("cpu"), ["nope"], "nope", lambda _: None) == []
+
+
+def test_train_peak_memory_is_measured_per_step_in_one_fresh_process():
+    if not Path("/proc/self/clear_refs").exists():
+        assert train_peak_memory([("nope", False)], torch.device("cpu"), 16, 2) == [None]
+        return
+    # the explicit bias path keeps a (1, H, T, T) bias and its gradient on top of the fused path's activations
+    fused, explicit = train_peak_memory([("nope", False), ("t5", True)], torch.device("cpu"), 256, 2)
+    assert isinstance(fused, int) and fused > 0 and explicit > fused
+    assert explicit - fused >= 4 * 256 * 256 * 4  # at least one fp32 (H=4, 256, 256) tensor more
+    with pytest.raises(RuntimeError, match="peak-memory step of 'nope', 'no-such-row' failed"):
+        train_peak_memory([("nope", False), ("no-such-row", False)], torch.device("cpu"), 16, 2)
+
+
+def test_measure_peaks_in_process_runs_every_job_under_the_precision():
+    spec = {"jobs": [["nope", False], ["alibi", True]], "train_len": 16, "length": 64, "batch": 1, "train": False,
+            "precision": "bf16"}
+    peaks = measure_peaks(spec, torch.device("cpu"))
+    assert len(peaks) == 2 and all(p is None or p >= 0 for p in peaks)

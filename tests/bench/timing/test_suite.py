@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from posenc_bench import encodings
-from posenc_bench.bench.timing.suite import (TimingConfig, clock_note, fused_first, markdown, rope_fixes, row_label,
-                                       run_timing, seconds, versus_llama, write_outputs)
+from posenc_bench.bench.timing.suite import (PARTS, TimingConfig, bias_encodings, clock_note, fused_first, markdown, parts,
+                                             rope_fixes, row_label, run_timing, seconds, timed_encodings, write_outputs)
+from posenc_bench.errors import ConfigError
 from posenc_bench.commands.cli import main
 from posenc_bench.env import cpu_name
 
@@ -49,21 +50,6 @@ def test_time_writes_json_csv_and_markdown(tmp_path, capsys):
     assert "### generation" in md and "sinusoidal" in md and "x_floor" in md and "setup_ms" in md
     out = capsys.readouterr().out
     assert "wrote" in out and "timer resolution" in out and "0.0x faster" not in out
-
-
-def test_versus_llama_reports_paired_rounds_and_tokens_per_second():
-    v = versus_llama(torch.device("cpu"), quiet, train_len=16, batch=2, rounds=3, min_run_time=0.001)
-    assert v["shape"] == "batch 2 x 16 tokens" and v["params_ours"] == 821_632
-    assert len(v["ratios"]) == len(v["ours_tokens_per_s"]) == len(v["llama_tokens_per_s"]) == 3
-    for r, ours, llama in zip(v["ratios"], v["ours_tokens_per_s"], v["llama_tokens_per_s"]):
-        assert r == pytest.approx(ours / llama)  # tokens/s ratio = Llama time / our time, per round
-    assert v["ratio"] == sorted(v["ratios"])[1]
-    result = {"machine": {"cpu": "AMD EPYC (AVX512)", "device": "cpu", "threads": 2, "torch": torch.__version__},
-              "config": {"dtype": "fp32"}, "commit": "abc", "rows": [], "versus_llama":
-              {**v, "ratio": 1.25, "ratios": [1.2, 1.25, 1.3], "ours_tokens_per_s": [10_000.0, 12_500.0, 13_000.0],
-               "llama_tokens_per_s": [9_000.0, 10_000.0, 11_000.0]}}
-    assert ("tokens/s = **1.25x**, the median of the paired rounds 1.20, 1.25, 1.30 (tokens/s, each side's own "
-            "median: ours 12,500, Llama 10,000; 821,632 vs") in markdown(result)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
@@ -113,3 +99,57 @@ def test_row_label_names_what_a_generation_or_floor_row_builds():
 
 def test_seconds_reads_at_any_scale():
     assert [seconds(v) for v in (4.1e-8, 1.5e-6, 0.008, 2.5)] == ["41 ns", "1.5 us", "8 ms", "2.5 s"]
+
+
+def test_parts_and_encodings_choose_what_runs():
+    assert parts(TimingConfig()) == list(PARTS)
+    assert parts(TimingConfig(skip=["generation", "llama"])) == ["attention", "memory", "bias-memory", "training"]
+    assert parts(TimingConfig(training=False)) == ["generation", "attention"]  # --no-train
+    assert parts(TimingConfig(application=False, training=False)) == ["generation"]  # --generation-only
+    with pytest.raises(ConfigError, match="skip 'gen': the parts are generation, attention, memory"):
+        parts(TimingConfig(skip=["gen"]))
+    assert timed_encodings(TimingConfig()) == fused_first(encodings.trained())
+    assert timed_encodings(TimingConfig(encodings=["t5", "rope"])) == ["nope", "t5", "rope"]
+    with pytest.raises(ConfigError, match="'rope-yarn' are not trained encodings"):
+        timed_encodings(TimingConfig(encodings=["rope-yarn"]))
+    assert bias_encodings(encodings.trained()) == ["t5", "alibi", "kerple", "kerple-power", "fire"]
+
+
+def test_time_reports_training_peak_memory_throughput_and_the_bias_rows_eval_peak(tmp_path, capsys):
+    code = main(["time", "--lengths", "64", "--d-model", "32", "--head-dim", "16", "--min-run-time", "0.001",
+                 "--train-min-run-time", "0.001", "--train-len", "32", "--train-tokens", "64", "--eval-len", "128",
+                 "--skip", "generation,llama,memory", "--encodings", "rope,t5", "--out", str(tmp_path)])
+    assert code == 0
+    data = json.loads((tmp_path / "timing.json").read_text())
+    rows = data["rows"]
+    assert list(dict.fromkeys(r["part"] for r in rows)) == ["attention forward", "eval peak memory", "model forward+backward"]
+    attn = [r["encoding"] for r in rows if r["part"] == "attention forward"]
+    assert attn == ["nope", "rope", "t5", *rope_fixes(16)]  # no alibi: no explicit alibi row either
+    memory = [r for r in rows if r["part"] == "eval peak memory"]
+    assert [(r["encoding"], r["length"], r["what"]) for r in memory] == [
+        ("nope", 128, "forward at 4x, batch 1"), ("t5", 128, "forward at 4x, batch 1")]
+    train = [r for r in rows if r["part"] == "model forward+backward"]
+    assert [r["encoding"] for r in train] == ["nope", "rope", "t5", "t5 (explicit bias)"]
+    assert all(r["tokens_per_s"] > 0 and r["tflops"] > 0 and r["mfu"] is None for r in train)  # no MFU on the CPU
+    assert data["mfu"]["peak_flops"] is None and data["mfu"]["peak"] == "no MFU on the CPU"
+    if memory[0]["peak_mib"] is not None:
+        assert all(r["peak_mib"] > 0 for r in train)
+    with open(tmp_path / "timing.csv") as f:
+        table = list(csv.DictReader(f))
+    assert {"peak_mib", "peak_x_fused", "tokens_per_s", "tflops", "mfu_pct"} <= set(table[0])
+    assert all(t["mfu_pct"] == "" for t in table)
+    md = (tmp_path / "timing.md").read_text()
+    assert "### model forward+backward" in md and "MFU peak: no MFU on the CPU. FLOPs a step: 3 x forward" in md
+    assert "mfu_pct" not in md.split("### model forward+backward")[1]  # an empty column is left out
+    assert "MFU: no MFU on the CPU" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+def test_cuda_training_rows_have_mfu_against_the_given_peak():
+    tc = TimingConfig(device="cuda", lengths=[128], d_model=64, head_dim=16, min_run_time=0.01, train_min_run_time=0.01,
+                      train_len=128, train_tokens=256, encodings=["t5"], skip=["generation", "attention", "memory", "llama"],
+                      peak_tflops=100.0, eval_len=512)
+    result = run_timing(tc, log=quiet)
+    train = [r for r in result["rows"] if r["part"] == "model forward+backward"]
+    assert all(0 < r["mfu"] < 1 and r["peak_mib"] > 0 for r in train)
+    assert all(r["mfu"] == pytest.approx(r["tflops"] / 100.0) for r in train)
