@@ -1,13 +1,14 @@
 """The plan of one forward's attention: its path, its query chunks and their masks, shared by all layers.
 
 ``choose_path`` picks the path once per forward, a pure function of the encoding's declared capabilities
-(``has_bias``, ``has_low_rank_bias``, ``has_distance_bias``, ``has_attention_logits``, ``has_attention_parts``)
-and the forward's facts (window, blocks, sinks, gradients, positions), never of its name; ``AttentionPlan``
-holds that path with the chunks and masks it needs, and ``Chunk`` is what a path gets for one query chunk. The
-attention-sinks geometry is here too (``sink_window``, ``cache_positions``, ``sink_bias``): the plan puts the
-first S keys before each chunk's window and their bias in its masks. ``attention.attend`` runs the plan's path
-(``attention.PATHS``); the paths that need code of their own live in ``explicit.py``, ``sinks.py`` and
-``distance_bias.py``, and import this module, never ``attention.py``.
+(``has_bias``, ``has_low_rank_bias``, ``has_distance_bias``, ``has_attention_logits``, ``has_attention_parts``,
+``has_score_mod``) and the forward's facts (window, blocks, sinks, gradients, positions, the device), never of
+its name; ``AttentionPlan`` holds that path with the chunks and masks it needs, and ``Chunk`` is what a path
+gets for one query chunk. The attention-sinks geometry is here too (``sink_window``, ``cache_positions``,
+``sink_bias``): the plan puts the first S keys before each chunk's window and their bias in its masks.
+``attention.attend`` runs the plan's path
+(``attention.PATHS``); the paths that need code of their own live in ``explicit.py``, ``sinks.py``, ``flex.py``
+and ``distance_bias.py``, and import this module, never ``attention.py``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ SDPA_PATHS = ("fused", "folded", "mask")
 # and beats a (q, k) bias mask; on CUDA the mask path is the faster one (both measured by `posenc-bench time`,
 # its "(explicit bias)" rows: docs/timing.md), so there the bias goes into the mask.
 FOLD_DEVICES = ("cpu",)
+# The devices on which a bias with a score_mod (``has_score_mod``) runs in FlexAttention's fused kernel
+# (``flex.py``), no (q, k) bias built. Not the CPU: this torch's FlexAttention has no backward there, and its
+# eager forward builds the whole score matrix.
+FLEX_DEVICES = ("cuda",)
 
 
 def query_chunks(T: int, size: int, window: Optional[int], block: Optional[int]) -> list[tuple[int, int, int]]:
@@ -52,7 +57,8 @@ class Facts(NamedTuple):
     """A forward's facts that choose its path: the window and S ``sinks`` (``sink_window``), the ``block`` of
     blockwise attention, whether gradients are on, whether positions are (B, T) (``batched``), the ``length``
     T and ``band``, the width W of the encoding's distance bias where this device has its band kernel (None: no
-    such bias or kernel), and whether this device folds a low-rank bias (``fold``, ``FOLD_DEVICES``)."""
+    such bias or kernel), whether this device folds a low-rank bias (``fold``, ``FOLD_DEVICES``), and whether it
+    runs FlexAttention (``flex``, ``FLEX_DEVICES``)."""
 
     window: Optional[int] = None
     block: Optional[int] = None
@@ -62,6 +68,7 @@ class Facts(NamedTuple):
     length: int = 0
     band: Optional[int] = None
     fold: bool = True
+    flex: bool = False
 
 
 def choose_path(encoding: encodings.Encoding, facts: Facts) -> str:
@@ -73,6 +80,7 @@ def choose_path(encoding: encodings.Encoding, facts: Facts) -> str:
     - sinks: the first S keys stay visible beside the window, at their cache positions (``sinks.py``).
     - folded: a low-rank bias (``has_low_rank_bias``), folded into extra q/k channels, where the device folds.
     - distance_bias: a learned distance bias in training on (T,) positions without blocks, from BAND_MIN x W on.
+    - flex: a bias with a score_mod (``has_score_mod``) where the device runs FlexAttention: one fused call.
     - fused: no bias, no window, no blocks: one causal SDPA call.
     - mask: anything else: SDPA with a float mask per chunk, the bias in it."""
     f = facts
@@ -85,6 +93,8 @@ def choose_path(encoding: encodings.Encoding, facts: Facts) -> str:
     if (encoding.has_bias and encoding.has_distance_bias and f.grad and not f.batched and f.block is None
             and f.band is not None and f.length >= BAND_MIN * f.band):
         return "distance_bias"
+    if f.flex and encoding.has_bias and encoding.has_score_mod:
+        return "flex"
     if not encoding.has_bias and f.window is None and f.block is None:
         return "fused"
     return "mask"
@@ -104,6 +114,8 @@ class AttentionPlan:
     - distance_bias (e.g. T5 in training on CPU): the mask as above, built as a constant, and the bias table
       r (H, W + 1) whose gradient ``distance_bias.distance_bias_attention`` computes on a band of W diagonals
       (flash kernel + band gradient), in chunks of ``BIAS_ROWS`` queries.
+    - flex (a bias with a score_mod, on CUDA): one chunk; the bias from ``encoding.score_mod`` and causality,
+      window and blocks from a BlockMask, inside FlexAttention's kernel (``flex.py``): no mask, no (q, k) bias.
     - logits (e.g. CoPE) and parts (e.g. ReRoPE): the mask as above goes to the encoding's logits
       (``explicit.py``); chunks are sized for ``LOGIT_TENSORS`` tensors of (B, H, q, k) floats, or
       ``PART_TENSORS`` (q, k) masks on the parts path.
@@ -143,12 +155,13 @@ class AttentionPlan:
         r = encoding.distance_bias() if trainable else None
         self.path = choose_path(encoding, Facts(window=self.window, block=self.block, sinks=self.sinks, grad=grad,
                                                 batched=batched, length=T, band=None if r is None else r.shape[1] - 1,
-                                                fold=pos.device.type in FOLD_DEVICES))
+                                                fold=pos.device.type in FOLD_DEVICES,
+                                                flex=pos.device.type in FLEX_DEVICES))
         self.distance_bias = r if self.path == "distance_bias" else None
-        self.mask_bias = encoding.has_bias and self.path != "folded"  # the bias goes into the masks
+        self.mask_bias = encoding.has_bias and self.path not in ("folded", "flex")  # the bias goes into the masks
         mask_batch = pos.shape[0] if pos.dim() == 2 and self.mask_bias else 1  # a bias of per-sequence positions
         mask_heads = encoding.n_heads if self.mask_bias else 1
-        if self.path == "fused":
+        if self.path in ("fused", "flex"):  # flex: its BlockMask holds the window and blocks
             self.chunks = [(0, T, 0)]
         else:
             self.chunks = query_chunks(T, self._rows(T, max_mask_bytes, batch, mask_heads * mask_batch), self.window,
@@ -161,6 +174,7 @@ class AttentionPlan:
         self._keep_masks = mask_bytes <= max_mask_bytes
         self._masks: dict[int, torch.Tensor] = {}
         self.factors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # fold_bias's, per chunk
+        self.flex: dict[int, tuple] = {}  # flex.py's score_mod and BlockMask, per chunk, shared by the layers
 
     def _rows(self, T: int, max_mask_bytes: int, batch: int, mask_cells: int) -> int:
         """Queries per chunk: as many as keep a chunk's masks (``mask_cells`` 4-byte values per query-key pair),
@@ -195,8 +209,8 @@ class AttentionPlan:
 
     def mask(self, i: int, dtype: torch.dtype) -> Optional[torch.Tensor]:
         """Chunk i's additive mask (1 or B, H or 1, q, k): the bias where it goes into the masks, -inf outside
-        the visible set; None for a causal chunk."""
-        if self.causal[i]:
+        the visible set; None for a causal chunk and on the flex path (its BlockMask is ``flex.py``'s)."""
+        if self.path == "flex" or self.causal[i]:
             return None
         if i in self._masks:
             return self._masks[i].to(dtype)
