@@ -39,9 +39,11 @@ FORBIDDEN = [
 # numerical kernels allowed past the size limits: autograd functions and hot loops whose parameters are the
 # tensors of one attention call
 KERNELS = {
-    "posenc_bench.model.distance_bias._DistanceBiasAttention.forward",
+    "posenc_bench.model.distance_bias._BiasAttention.forward",
+    "posenc_bench.model.distance_bias._BiasAttention.backward",
     "posenc_bench.model.distance_bias.band_bias_grad",
-    "posenc_bench.model.distance_bias.distance_bias_attention",
+    "posenc_bench.model.distance_bias.tiled_backward",
+    "posenc_bench.model.distance_bias.bias_attention",
 }
 
 

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from posenc_bench.encodings.base import Encoding
+from posenc_bench.encodings.base import Encoding, pair_score_mod
 from posenc_bench.encodings.registry import register
 
 
@@ -71,3 +71,10 @@ class ALiBi(Encoding):
         qf = torch.ones(self.n_heads, q_pos.shape[0], 1, dtype=torch.float64, device=q_pos.device)  # (H, Tq, 1)
         kf = slopes[:, None, None] * (k_pos.to(torch.float64) - c)[None, :, None]  # (H, Tk, 1)
         return qf, kf
+
+    has_score_mod = True
+
+    def score_mod(self, q_pos: torch.Tensor, k_pos: torch.Tensor):
+        """The bias as a FlexAttention score_mod: m_h (j - i) from the (H,) slopes, as ``bias`` computes it."""
+        slopes = self.slopes.to(q_pos.device)  # (H,)
+        return pair_score_mod(lambda h, i, j: slopes[h] * (j - i).to(torch.float32), q_pos, k_pos)

@@ -19,6 +19,8 @@ The hooks, all defaulting to "do nothing":
 - optionally ``attention_parts(q, k, q_pos, k_pos)`` (``has_attention_parts``): those logits as a few
   plain attentions over disjoint sets of pairs, which the model merges by log-sum-exp (faster, and no
   (q, k) logits in memory).
+- optionally ``score_mod(q_pos, k_pos)`` (``has_score_mod``): ``bias`` as a FlexAttention score_mod, built
+  from small tensors only, so a device with FlexAttention never builds the (q, k) bias (``model/flex.py``).
 - optionally ``attention_block(length)``: blockwise causal attention (each query sees its own block of
   that many tokens and the previous one), or None.
 - ``attention_sinks`` (a class attribute, not a hook): (S, W) when the first S tokens stay visible beside a
@@ -37,7 +39,7 @@ stay on SDPA's kernels (the other paths of ``model/attention.py``).
 
 from __future__ import annotations
 
-from typing import ClassVar, Optional
+from typing import Callable, ClassVar, Optional
 
 import torch
 from torch import nn
@@ -187,6 +189,19 @@ class Encoding(nn.Module):
         b = i // n see keys from block b - 1 on (n returned), or None (plain causal attention)."""
         return None
 
+    # True when score_mod() gives the bias as a FlexAttention score_mod: on a device with FlexAttention the
+    # model then attends in one fused kernel that adds the bias pair by pair (model/flex.py), no (q, k) bias.
+    has_score_mod: ClassVar[bool] = False
+
+    def score_mod(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> Optional[Callable]:
+        """Optional (``has_score_mod``): ``bias(q_pos, k_pos)`` as a FlexAttention score_mod
+        (score, b, h, q_idx, kv_idx) -> score + the bias of head h between the q_idx-th query and the kv_idx-th
+        key of these positions ((q,), (k,) or (B, q), (B, k)), built from small tensors only, never (q, k)
+        (``pair_score_mod`` makes one from a function of positions). FlexAttention (Dong et al. 2024,
+        arXiv:2412.05496) calls it on 0-d tensors inside its kernel; on CUDA gradients reach the tensors it
+        captures."""
+        return None
+
 
 def consecutive_start(pos: torch.Tensor) -> Optional[int]:
     """pos[0] when pos is start, start + 1, ... (what the model passes), else None: an encoding can then take
@@ -195,3 +210,12 @@ def consecutive_start(pos: torch.Tensor) -> Optional[int]:
         return None
     start = int(pos[0])
     return start if torch.equal(pos, torch.arange(start, start + pos.shape[0], device=pos.device, dtype=pos.dtype)) else None
+
+
+def pair_score_mod(bias_at: Callable, q_pos: torch.Tensor, k_pos: torch.Tensor) -> Callable:
+    """A FlexAttention score_mod from ``bias_at(h, i, j)``, the bias of head h for a query at position i and a key
+    at j (0-d tensors): each index is looked up in the chunk's positions, (q,), (k,) or per sequence (B, q),
+    (B, k) (``+rand``), so offsets and random positions need nothing else."""
+    if q_pos.dim() == 1:
+        return lambda score, b, h, q_idx, kv_idx: score + bias_at(h, q_pos[q_idx], k_pos[kv_idx])
+    return lambda score, b, h, q_idx, kv_idx: score + bias_at(h, q_pos[b, q_idx], k_pos[b, kv_idx])

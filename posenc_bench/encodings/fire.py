@@ -50,7 +50,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from posenc_bench.encodings.base import Encoding
+from posenc_bench.encodings.base import Encoding, pair_score_mod
 from posenc_bench.encodings.registry import register
 
 EPS = 1e-6  # eps=1e-6: mcleish7/arithmetic cramming/architectures/embeddings.py, FIRE.__init__ (line 420)
@@ -133,12 +133,38 @@ class FIRE(Encoding):
         dtype = torch.promote_types(self.c.dtype, torch.float32)  # float32, or float64 for a float64 module
         i = q_pos.to(dtype)[..., :, None]  # (..., Tq, 1)
         j = k_pos.to(dtype)[..., None, :]  # (..., 1, Tk)
-        numerator = torch.log(torch.abs(self.c * (i - j)) + 1)
-        denominator = torch.log(torch.abs(self.c * torch.maximum(i, self.threshold())) + 1) + EPS
-        return numerator / denominator
+        return self.psi_ratio(i, j, self.c, self.threshold())
 
     def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         u = self.normalized_distance(q_pos, k_pos)  # (Tq, Tk) or (B, Tq, Tk)
         kinks, inside, slope, value = mlp_pieces(self.mlp)
         u = u.reshape(-1, *u.shape[-2:])  # (1 or B, Tq, Tk)
         return _Lines.apply(u, torch.bucketize(u.detach(), kinks), inside, slope, value)  # (1 or B, H, Tq, Tk)
+
+    @staticmethod
+    def psi_ratio(i: torch.Tensor, j: torch.Tensor, c: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+        """psi(|i - j|) / (psi(max(L, i)) + eps), psi(x) = log(|c x| + 1), for float positions i, j of any
+        broadcastable shapes and L = ``threshold``."""
+        numerator = torch.log(torch.abs(c * (i - j)) + 1)
+        denominator = torch.log(torch.abs(c * torch.maximum(i, threshold)) + 1) + EPS
+        return numerator / denominator
+
+    has_score_mod = True
+
+    def score_mod(self, q_pos: torch.Tensor, k_pos: torch.Tensor):
+        """The bias as a FlexAttention score_mod: the MLP evaluated pair by pair on the normalised distance,
+        its hidden width unrolled into scalar operations (a score_mod is pointwise: no matmul inside the
+        kernel); only the MLP's weights, c and L are captured."""
+        dtype = torch.promote_types(self.c.dtype, torch.float32)
+        first, second = self.mlp[0], self.mlp[2]
+        w1, b1, w2, b2 = first.weight[:, 0], first.bias, second.weight, second.bias  # (W,), (W,), (H, W), (H,)
+        c, threshold, psi_ratio = self.c, self.threshold(), self.psi_ratio  # a staticmethod: no module captured
+
+        def bias_at(h, i, j):
+            u = psi_ratio(i.to(dtype), j.to(dtype), c, threshold)
+            out = b2[h]
+            for m in range(w1.shape[0]):
+                out = out + w2[h, m] * torch.relu(w1[m] * u + b1[m])
+            return out
+
+        return pair_score_mod(bias_at, q_pos, k_pos)

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc_bench.encodings.base import Encoding, consecutive_start
+from posenc_bench.encodings.base import Encoding, consecutive_start, pair_score_mod
 from posenc_bench.encodings.registry import register
 
 EPS = 0.01  # the authors' lower bound on r1, r2
@@ -81,6 +81,16 @@ class _Kerple(Encoding):
     def kernel(self, distance: torch.Tensor) -> torch.Tensor:
         """(N,) distances -> (H, N) bias values."""
         raise NotImplementedError
+
+    has_score_mod = True
+
+    def score_mod(self, q_pos: torch.Tensor, k_pos: torch.Tensor):
+        """The bias as a FlexAttention score_mod: one line of ``kernel`` values per distance 0 .. the chunk's
+        largest (H, n), read at max(i - j, 0) (0 for future keys, as ``toeplitz_bias``). Sizing the line reads
+        the positions' extremes (one device sync per chunk and forward)."""
+        n = max(1, int(q_pos.max()) - int(k_pos.min()) + 1)
+        line = self.kernel(torch.arange(n, device=q_pos.device))  # (H, n)
+        return pair_score_mod(lambda h, i, j: line[h, (i - j).clamp(0, n - 1)], q_pos, k_pos)
 
 
 @register("kerple")

@@ -156,6 +156,9 @@ class Randomized(Encoding):
     def attention_block(self, length: int) -> Optional[int]:
         return self.base.attention_block(length)
 
+    def score_mod(self, q_pos, k_pos):
+        return self.base.score_mod(q_pos, k_pos)  # (B, q), (B, k) positions: gathered per sequence
+
 
 def randomized_row(base: type[Encoding]) -> type[Randomized]:
     """The ``<base>+rand`` class: the base's options plus ``max_position``, ``eval_positions`` and ``eval_seed``
@@ -178,6 +181,7 @@ def randomized_row(base: type[Encoding]) -> type[Randomized]:
         "paper": f"Ruoss et al., ACL 2023 (arXiv:2305.16843), over {base.paper}",
         "has_bias": base.has_bias, "has_low_rank_bias": base.has_low_rank_bias, "has_distance_bias": base.has_distance_bias,
         "has_attention_logits": base.has_attention_logits, "positions_in_embedding": base.positions_in_embedding,
+        "has_score_mod": base.has_score_mod,
     })
     globals()[name] = cls  # a module-level name: reprs and pickling find it
     return cls

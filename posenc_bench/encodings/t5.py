@@ -14,7 +14,7 @@ import math
 import torch
 from torch import nn
 
-from posenc_bench.encodings.base import Encoding
+from posenc_bench.encodings.base import Encoding, pair_score_mod
 from posenc_bench.encodings.registry import register
 
 
@@ -78,3 +78,11 @@ class T5Bias(Encoding):
         distance = torch.arange(self.max_distance + 1, device=self.relative_attention_bias.weight.device)
         buckets = relative_position_bucket(-distance, self.num_buckets, self.max_distance)
         return self.relative_attention_bias(buckets).t()  # (H, max_distance + 1)
+
+    has_score_mod = True
+
+    def score_mod(self, q_pos: torch.Tensor, k_pos: torch.Tensor):
+        """The bias as a FlexAttention score_mod: r[h, min(max(i - j, 0), max_distance)] read from the
+        (H, max_distance + 1) line of ``distance_bias``, as ``bias`` reads it."""
+        r, last = self.distance_bias(0), self.max_distance  # (H, max_distance + 1)
+        return pair_score_mod(lambda h, i, j: r[h, (i - j).clamp(0, last)], q_pos, k_pos)

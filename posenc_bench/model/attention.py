@@ -1,7 +1,8 @@
 """How one forward pass runs attention: ``attend`` runs each layer's query chunks along the path its
 ``AttentionPlan`` (``plan.py``) chose, through one table, ``PATHS``. The fused, mask, folded and distance-bias
 paths are here (the folded bias: ``fold_bias``); the explicit-logits paths live in ``explicit.py``, the
-attention-sinks path in ``sinks.py``, a learned bias's training kernel in ``distance_bias.py``.
+attention-sinks path in ``sinks.py``, a learned bias's training kernel in ``distance_bias.py``, the
+FlexAttention path (CUDA) in ``flex.py``.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from posenc_bench import encodings
-from posenc_bench.model import distance_bias, explicit, sinks
+from posenc_bench.model import distance_bias, explicit, flex, sinks
 from posenc_bench.model.plan import AttentionPlan, Chunk
 
 __all__ = ["PATHS", "AttentionPlan", "Chunk", "attend", "bias_kernel_attention", "fold_bias", "fold_channels",
@@ -77,7 +78,8 @@ def bias_kernel_attention(plan: AttentionPlan, c: Chunk) -> torch.Tensor:
 # What each path runs for one chunk: the one place attend looks at the plan's path.
 PATHS = {"fused": sdpa_attention, "mask": sdpa_attention, "folded": folded_attention,
          "distance_bias": bias_kernel_attention, "bias_grad": bias_kernel_attention,
-         "logits": explicit.explicit_attention, "parts": explicit.parts_attention, "sinks": sinks.sink_attention}
+         "logits": explicit.explicit_attention, "parts": explicit.parts_attention, "sinks": sinks.sink_attention,
+         "flex": flex.flex_attention_path}
 
 
 def attend(encoding: encodings.Encoding, plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -16,14 +16,18 @@ from __future__ import annotations
 
 import torch
 
+from posenc_bench.model import flex, plan as attention_plan
 from posenc_bench.model.plan import AttentionPlan, Chunk
 
 
 def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """(softmax(q k^T scale + mask) @ v (B, H, q, D), its log-sum-exp (B, H, q) in float32): SDPA's CPU flash
-    kernel in float32 inference, else explicitly. A row with no visible key has lse -inf (the flash kernel
+    kernel in float32 inference, FlexAttention where the plan runs it (``flex.attention_lse``: no (q, k)
+    logits, gradients included), else explicitly. A row with no visible key has lse -inf (the flash kernel
     says 0 there, with an output of zeros)."""
+    if q.device.type in attention_plan.FLEX_DEVICES:
+        return flex.attention_lse(q, k, v, mask, scale)
     if (q.device.type == "cpu" and q.dtype == torch.float32 and not torch.is_grad_enabled()
             and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")):
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=mask, scale=scale)

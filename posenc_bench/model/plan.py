@@ -1,13 +1,14 @@
 """The plan of one forward's attention: its path, its query chunks and their masks, shared by all layers.
 
 ``choose_path`` picks the path once per forward, a pure function of the encoding's declared capabilities
-(``has_bias``, ``has_low_rank_bias``, ``has_distance_bias``, ``has_attention_logits``, ``has_attention_parts``)
-and the forward's facts (window, blocks, sinks, gradients, positions), never of its name; ``AttentionPlan``
-holds that path with the chunks and masks it needs, and ``Chunk`` is what a path gets for one query chunk. The
-attention-sinks geometry is here too (``sink_window``, ``cache_positions``, ``sink_bias``): the plan puts the
-first S keys before each chunk's window and their bias in its masks. ``attention.attend`` runs the plan's path
-(``attention.PATHS``); the paths that need code of their own live in ``explicit.py``, ``sinks.py`` and
-``distance_bias.py``, and import this module, never ``attention.py``.
+(``has_bias``, ``has_low_rank_bias``, ``has_distance_bias``, ``has_attention_logits``, ``has_attention_parts``,
+``has_score_mod``) and the forward's facts (window, blocks, sinks, gradients, positions, the device), never of
+its name; ``AttentionPlan`` holds that path with the chunks and masks it needs, and ``Chunk`` is what a path
+gets for one query chunk. The attention-sinks geometry is here too (``sink_window``, ``cache_positions``,
+``sink_bias``): the plan puts the first S keys before each chunk's window and their bias in its masks.
+``attention.attend`` runs the plan's path
+(``attention.PATHS``); the paths that need code of their own live in ``explicit.py``, ``sinks.py``, ``flex.py``
+and ``distance_bias.py``, and import this module, never ``attention.py``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ SDPA_PATHS = ("fused", "folded", "mask")
 # and beats a (q, k) bias mask; on CUDA the mask path is the faster one (both measured by `posenc-bench time`,
 # its "(explicit bias)" rows: docs/timing.md), so there the bias goes into the mask.
 FOLD_DEVICES = ("cpu",)
+# The devices on which a bias with a score_mod (``has_score_mod``) runs in FlexAttention's fused kernel
+# (``flex.py``), no (q, k) bias built. Not the CPU: this torch's FlexAttention has no backward there, and its
+# eager forward builds the whole score matrix.
+FLEX_DEVICES = ("cuda",)
 
 
 def query_chunks(T: int, size: int, window: Optional[int], block: Optional[int]) -> list[tuple[int, int, int]]:
@@ -48,8 +53,9 @@ def query_chunks(T: int, size: int, window: Optional[int], block: Optional[int])
 class Facts(NamedTuple):
     """A forward's facts that choose its path: the window and S ``sinks`` (``sink_window``), the ``block`` of
     blockwise attention, whether gradients are on, whether positions are (B, T) (``batched``), whether this
-    device has the flash kernel that trains a learned bias (``bias_kernel``: ``distance_bias.supported``), and
-    whether it folds a low-rank bias (``fold``, ``FOLD_DEVICES``)."""
+    device has the flash kernel that trains a learned bias (``bias_kernel``: ``distance_bias.supported``),
+    whether it folds a low-rank bias (``fold``, ``FOLD_DEVICES``), and whether it runs FlexAttention (``flex``,
+    ``FLEX_DEVICES``)."""
 
     window: Optional[int] = None
     block: Optional[int] = None
@@ -58,6 +64,7 @@ class Facts(NamedTuple):
     batched: bool = False
     bias_kernel: bool = False
     fold: bool = True
+    flex: bool = False
 
 
 def choose_path(encoding: encodings.Encoding, facts: Facts) -> str:
@@ -71,6 +78,7 @@ def choose_path(encoding: encodings.Encoding, facts: Facts) -> str:
     - distance_bias: a distance bias (``has_distance_bias``) in training without blocks, where the device has
       the bias kernel: its table r gets the gradient.
     - bias_grad: any other bias in training there (per pair): the mask gets it.
+    - flex: a bias with a score_mod (``has_score_mod``) where the device runs FlexAttention: one fused call.
     - fused: no bias, no window, no blocks: one causal SDPA call.
     - mask: anything else: SDPA with a float mask per chunk, the bias in it."""
     f = facts
@@ -82,6 +90,8 @@ def choose_path(encoding: encodings.Encoding, facts: Facts) -> str:
         return "folded"
     if encoding.has_bias and f.grad and f.bias_kernel and f.block is None:
         return "distance_bias" if encoding.has_distance_bias else "bias_grad"
+    if f.flex and encoding.has_bias and encoding.has_score_mod:
+        return "flex"
     if not encoding.has_bias and f.window is None and f.block is None:
         return "fused"
     return "mask"
@@ -104,6 +114,8 @@ class AttentionPlan:
     - bias_grad (e.g. FIRE, ``kerple+rand`` in training on CPU): the mask as above, requiring grad, through
       the same kernel, which gives the mask dS; shared by the layers when the masks are kept, so the encoding's
       bias is built and differentiated once per forward.
+    - flex (a bias with a score_mod, on CUDA): one chunk; the bias from ``encoding.score_mod`` and causality,
+      window and blocks from a BlockMask, inside FlexAttention's kernel (``flex.py``): no mask, no (q, k) bias.
     - logits (e.g. CoPE) and parts (e.g. ReRoPE): the mask as above goes to the encoding's logits
       (``explicit.py``); chunks are sized for ``LOGIT_TENSORS`` tensors of (B, H, q, k) floats, or
       ``PART_TENSORS`` (q, k) masks on the parts path.
@@ -140,13 +152,14 @@ class AttentionPlan:
         grad, batched = torch.is_grad_enabled(), pos.dim() == 2
         self.path = choose_path(encoding, Facts(window=self.window, block=self.block, sinks=self.sinks, grad=grad,
                                                 batched=batched, bias_kernel=distance_bias.supported(pos),
-                                                fold=pos.device.type in FOLD_DEVICES))
+                                                fold=pos.device.type in FOLD_DEVICES,
+                                                flex=pos.device.type in FLEX_DEVICES))
         # r (H, W + 1) carrying the gradient on the distance_bias path; not built at all elsewhere
         self.distance_bias = encoding.distance_bias(T) if self.path == "distance_bias" else None
-        self.mask_bias = encoding.has_bias and self.path != "folded"  # the bias goes into the masks
+        self.mask_bias = encoding.has_bias and self.path not in ("folded", "flex")  # the bias goes into the masks
         mask_batch = pos.shape[0] if pos.dim() == 2 and self.mask_bias else 1  # a bias of per-sequence positions
         mask_heads = encoding.n_heads if self.mask_bias else 1
-        if self.path == "fused":
+        if self.path in ("fused", "flex"):  # flex: its BlockMask holds the window and blocks
             self.chunks = [(0, T, 0)]
         else:
             self.chunks = query_chunks(T, self._rows(T, max_mask_bytes, batch, mask_heads * mask_batch), self.window,
@@ -160,6 +173,7 @@ class AttentionPlan:
         self._keep_masks = mask_bytes <= max_mask_bytes or self.path in ("distance_bias", "bias_grad")
         self._masks: dict[int, torch.Tensor] = {}
         self.factors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # fold_bias's, per chunk
+        self.flex: dict[int, tuple] = {}  # flex.py's score_mod and BlockMask, per chunk, shared by the layers
 
     def _rows(self, T: int, max_mask_bytes: int, batch: int, mask_cells: int) -> int:
         """Queries per chunk: as many as keep a chunk's masks (``mask_cells`` 4-byte values per query-key pair),
@@ -195,8 +209,8 @@ class AttentionPlan:
 
     def mask(self, i: int, dtype: torch.dtype) -> Optional[torch.Tensor]:
         """Chunk i's additive mask (1 or B, H or 1, q, k): the bias where it goes into the masks, -inf outside
-        the visible set; None for a causal chunk."""
-        if self.causal[i]:
+        the visible set; None for a causal chunk and on the flex path (its BlockMask is ``flex.py``'s)."""
+        if self.path == "flex" or self.causal[i]:
             return None
         if i in self._masks:
             return self._masks[i].to(dtype)
