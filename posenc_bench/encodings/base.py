@@ -92,6 +92,9 @@ class Encoding(nn.Module):
     # True when distance_bias(T) returns r (H, W + 1) with bias(i, j) = r[h, min(i - j, W)] for windows of T
     # tokens: training then keeps SDPA's flash kernel and sums r's gradient over diagonals (model/distance_bias.py).
     has_distance_bias: ClassVar[bool] = False
+    # False sends a learned bias in training through SDPA's (math) mask path even where the device has the bias
+    # kernel (model/distance_bias.py): the reference ``posenc-bench time`` measures the kernel against.
+    bias_kernel: ClassVar[bool] = True
     # True when attention_logits() computes a chunk's whole pre-softmax logits (the model then runs attention
     # explicitly, chunk by chunk, instead of through SDPA).
     has_attention_logits: ClassVar[bool] = False

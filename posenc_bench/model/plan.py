@@ -151,7 +151,7 @@ class AttentionPlan:
         self.block = encoding.attention_block(T)
         grad, batched = torch.is_grad_enabled(), pos.dim() == 2
         self.path = choose_path(encoding, Facts(window=self.window, block=self.block, sinks=self.sinks, grad=grad,
-                                                batched=batched, bias_kernel=distance_bias.supported(pos),
+                                                batched=batched, bias_kernel=encoding.bias_kernel and distance_bias.supported(pos),
                                                 fold=pos.device.type in FOLD_DEVICES,
                                                 flex=pos.device.type in FLEX_DEVICES))
         # r (H, W + 1) carrying the gradient on the distance_bias path; not built at all elsewhere

@@ -41,6 +41,7 @@ def build_model(name: str, explicit: bool, train_len: int, device: torch.device)
     if explicit:
         model.encoding.has_low_rank_bias = False
         model.encoding.has_distance_bias = False
+        model.encoding.bias_kernel = False
     return model
 
 
