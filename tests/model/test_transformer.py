@@ -64,26 +64,6 @@ def test_a_padded_vocabulary_is_the_unpadded_model_with_zero_rows_never_predicte
     assert sum(p.numel() for p in padded.parameters()) == plain.num_parameters() + 63 * 32
 
 
-def test_the_records_count_a_padded_models_real_parameters_only():
-    from posenc_bench.bench.config import RunConfig
-    from posenc_bench.bench.sweep import row_params
-
-    cfg = RunConfig()
-    plain = row_params(cfg, ["rope", "learned"])
-    cfg.model.vocab_multiple = 64
-    assert row_params(cfg, ["rope", "learned"]) == plain
-
-
-def test_vocab_multiple_one_keeps_every_cell_key():
-    from posenc_bench.bench.config import RunConfig
-    from posenc_bench.bench.keys import cell_key
-    from posenc_bench.bench.rows import Row
-
-    cfg = RunConfig()
-    key = cell_key(cfg, Row("rope"), 0, "fp")
-    assert key == "5d87d934db816d19"  # the key of the default rope cell before the field existed
-    cfg.model.vocab_multiple = 64  # another state dict: another checkpoint
-    assert cell_key(cfg, Row("rope"), 0, "fp") != key
 
 
 @pytest.mark.parametrize("name", ["rope", "nope", "sinusoidal", "learned", "alibi"])

@@ -249,18 +249,6 @@ def test_a_step_reads_nothing_from_the_device_but_the_first_loss(monkeypatch):
     assert out.status == "ok" and counts == {"item": 1, "tolist": 4}
 
 
-def test_compiled_training_is_off_by_default_and_keyless():
-    from posenc_bench.bench.config import RunConfig
-    from posenc_bench.bench.keys import cell_key
-    from posenc_bench.bench.records import NOT_IDENTITY
-    from posenc_bench.bench.rows import Row
-
-    cfg = RunConfig()
-    assert cfg.train.compile is False and "config.train.compile" in NOT_IDENTITY
-    key = cell_key(cfg, Row("rope"), 0, "fp")
-    cfg.train.compile = True
-    assert cell_key(cfg, Row("rope"), 0, "fp") == key
-
 
 def test_fused_adamw_on_cuda_only():
     from posenc_bench.bench.train.loop import make_optimizer
