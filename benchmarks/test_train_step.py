@@ -46,3 +46,26 @@ def test_eval_forward_at_4x(benchmark, name, fast):
     with torch.inference_mode():
         out = benchmark(model, x)
     assert out.shape == (x.shape[0], 512, 257)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("name", ["rope", "nope"])
+def test_compiled_train_step(benchmark, name, compiled, fast):
+    """Forward + backward of the default model at 2048 tokens, batch 2, eager or with its blocks compiled
+    (``train.compile``); compiling happens before the timed rounds. Read compiled / eager of one encoding."""
+    benchmark.group = f"compiled train step, {name}"
+    cfg = ModelConfig(d_model=32, n_layers=1, n_heads=4) if fast else ModelConfig()
+    length = 32 if fast else 2048
+    model = DecoderLM(cfg, name, length, seed=0)
+    model.compile_blocks(compiled)
+    batch = torch.randint(0, 256, (2, length + 1))
+
+    def step():
+        loss = F.cross_entropy(model(batch[:, :-1]).flatten(0, 1), batch[:, 1:].flatten())
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+        return loss.item()
+
+    step()  # compiles (not timed)
+    loss = benchmark(step)
+    assert loss == loss  # finite

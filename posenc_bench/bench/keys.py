@@ -59,6 +59,8 @@ def cell_key(cfg: RunConfig, trained: Row, seed: int, corpus_fingerprint: str) -
     """
     name = trained.encoding
     model = asdict(cfg.model)
+    if model.get("vocab_multiple") == 1:  # unpadded: the key every model had before the field existed
+        del model["vocab_multiple"]
     model["encoding_options"] = {k: v for k, v in model["encoding_options"].items() if k == name}
     eval_only = trained.cls.eval_option_names  # e.g. +rand's eval_positions: not the weights'
     if any(k in eval_only for k in model["encoding_options"].get(name, {})):
@@ -69,7 +71,7 @@ def cell_key(cfg: RunConfig, trained: Row, seed: int, corpus_fingerprint: str) -
         "window": trained.window,
         "seed": seed,
         "model": model,
-        "train": asdict(cfg.train),
+        "train": train_ident(cfg),
         "data": data_ident(cfg),
         "corpus": corpus_fingerprint,
         "precision": cfg.precision,
@@ -79,6 +81,13 @@ def cell_key(cfg: RunConfig, trained: Row, seed: int, corpus_fingerprint: str) -
     if resolved:  # e.g. +rand's position range; absent for every other encoding, whose keys stay as they were
         ident["resolved_options"] = resolved
     return _hash(ident)
+
+
+def train_ident(cfg: RunConfig) -> dict:
+    """The train section as a key holds it: without ``compile`` (the same weights within float rounding)."""
+    train = asdict(cfg.train)
+    del train["compile"]
+    return train
 
 
 def data_ident(cfg: RunConfig) -> dict:

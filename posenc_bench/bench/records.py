@@ -217,6 +217,7 @@ NOT_IDENTITY = (
     "config.eval.batch_tokens", "config.eval.lens", "config.encodings", "config.seeds", "config.gate",
     "config.train.log_every", "config.plugins", "config.grad_accum", "config.rope_scaling", "model.path",
     "config.expected_sweep_s",
+    "config.train.compile", "config.model.vocab_multiple",  # the same model within float rounding, run another way
     # per row (``row_settings``): a cell's own encoding options, and the fine-tuning of the -ft rows
     "config.model.encoding_options", "config.finetune",
 )

@@ -163,7 +163,7 @@ class Models:
 
 def row_params(cfg: RunConfig, rows: list[str]) -> dict[str, int]:
     """The parameter count of each row's model (learned and T5 add their own to the shared core)."""
-    return {name: sum(p.numel() for p in checkpoint.build_model(cfg, Row.parse(name), 0).parameters()) for name in rows}
+    return {name: checkpoint.build_model(cfg, Row.parse(name), 0).num_parameters() for name in rows}
 
 
 class Sweep:

@@ -47,6 +47,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    "writes results.shard-I-of-N.json; join with merge")
     r.add_argument("--grad-accum", type=int, help="micro-batches per step and process (the global batch stays "
                    "--batch-size)")
+    r.add_argument("--compile", action="store_true", default=None, help="train with each transformer block compiled "
+                   "(torch.compile; train.compile): the same model within float rounding, faster where it pays")
     r.add_argument("--verbose", action="store_true", help="also print the whole effective config (the folder's "
                    "config.yaml holds it too)")
     return r
@@ -77,6 +79,7 @@ SIMPLE = {  # flag attribute -> config key
     "data": "data.source", "d_model": "model.d_model", "n_layers": "model.n_layers", "n_heads": "model.n_heads",
     "precision": "precision", "finetune_steps": "finetune.steps", "finetune_len": "finetune.len",
     "protocol": "eval.protocol", "stride": "eval.stride", "grad_accum": "grad_accum",
+    "compile": "train.compile",
 }
 
 

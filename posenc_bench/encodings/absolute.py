@@ -50,6 +50,13 @@ def rows(table: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     return table[pos] if start is None else table[start:start + pos.shape[0]]
 
 
+def _end(pos: torch.Tensor) -> int:
+    """One past the largest position: from ``consecutive_start``'s memo for the model's positions (no host
+    sync), else read from the values."""
+    start = consecutive_start(pos)
+    return start + pos.shape[0] if start is not None else int(pos.max()) + 1
+
+
 @register("sinusoidal")
 class Sinusoidal(Encoding):
     summary = "fixed absolute sin/cos added to embeddings; Vaswani et al. 2017"
@@ -79,7 +86,7 @@ class Sinusoidal(Encoding):
         return {k: float(options.get(k, defaults[k].default)) for k in ("token_scale", "pe_scale")}
 
     def embed(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        needed = int(pos.max()) + 1
+        needed = _end(pos)
         if self._table.shape[0] < needed or self._table.device != x.device:
             self._table = sinusoidal_table(max(needed, self.train_len), self.d_model, self.base, device=x.device)
         pe = rows(self._table, pos)  # (T, C) broadcast over the batch, or (B, T, C)
@@ -114,5 +121,5 @@ class Learned(Encoding):
         self._check(length)
 
     def embed(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        self._check(int(pos.max()) + 1)
+        self._check(_end(pos))
         return x + rows(self.table, pos).to(x.dtype)

@@ -66,10 +66,10 @@ class ALiBi(Encoding):
             qf = torch.ones(self.n_heads, q_pos.shape[1], 1, dtype=torch.float64, device=q_pos.device)  # (H, q, 1)
             kf = slopes[None, :, None, None] * (k_pos - c).to(torch.float64)[:, None, :, None]  # (B, H, k, 1)
             return qf, kf
-        c = (int(q_pos[0]) + int(q_pos[-1])) // 2
+        c = (q_pos[0] + q_pos[-1]) // 2  # a 0-d tensor: no host sync (k_pos - c is exact in int64 and in float64)
         slopes = self.slopes.to(device=k_pos.device, dtype=torch.float64)
         qf = torch.ones(self.n_heads, q_pos.shape[0], 1, dtype=torch.float64, device=q_pos.device)  # (H, Tq, 1)
-        kf = slopes[:, None, None] * (k_pos.to(torch.float64) - c)[None, :, None]  # (H, Tk, 1)
+        kf = slopes[:, None, None] * (k_pos - c).to(torch.float64)[None, :, None]  # (H, Tk, 1)
         return qf, kf
 
     has_score_mod = True

@@ -206,13 +206,28 @@ class Encoding(nn.Module):
         return None
 
 
+# The attribute ``consecutive_start`` memoizes its answer under, on the positions tensor itself.
+_START_MEMO = "_posenc_consecutive_start"
+
+
 def consecutive_start(pos: torch.Tensor) -> Optional[int]:
     """pos[0] when pos is start, start + 1, ... (what the model passes), else None: an encoding can then take
-    a slice of its tables instead of gathering rows (the same values, without the copy)."""
+    a slice of its tables instead of gathering rows (the same values, without the copy).
+
+    The answer needs the values (a host sync on a GPU, and a graph break under ``torch.compile``), so it is
+    worked out once per tensor and memoized on it: the model asks once per forward, before its blocks, and
+    every layer's ``rotate`` (and ``embed``) then reads the memo, on the host, with no sync. Positions are
+    never modified in place (every hook takes them read-only); a slice is a new tensor, asked afresh."""
     if pos.dim() != 1 or not pos.shape[0]:
         return None
+    memo = getattr(pos, _START_MEMO, None)
+    if memo is not None:
+        return memo[0]
     start = int(pos[0])
-    return start if torch.equal(pos, torch.arange(start, start + pos.shape[0], device=pos.device, dtype=pos.dtype)) else None
+    if not torch.equal(pos, torch.arange(start, start + pos.shape[0], device=pos.device, dtype=pos.dtype)):
+        start = None
+    setattr(pos, _START_MEMO, (start,))  # a 1-tuple: "not consecutive" (None) is memoized too
+    return start
 
 
 def pair_score_mod(bias_at: Callable, q_pos: torch.Tensor, k_pos: torch.Tensor) -> Callable:

@@ -62,8 +62,11 @@ def rope_cos_sin(pos: torch.Tensor, inv_freq: torch.Tensor, attention_scale: flo
 
 def _rotate_into(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float) -> torch.Tensor:
     """(x1 cos - sign x2 sin, x2 cos + sign x1 sin) for the halves x1, x2 of x (..., T, D); cos, sin (T, D/2).
-    Four fused kernels writing straight into the output, no temporaries."""
+    Four fused kernels writing straight into the output, no temporaries. Under ``torch.compile`` (which cannot
+    trace ``out=`` into a strided half) the same products as one expression, which the compiler fuses itself."""
     x1, x2 = x.chunk(2, dim=-1)
+    if torch.compiler.is_compiling():
+        return torch.cat((x1 * cos - sign * (x2 * sin), x2 * cos + sign * (x1 * sin)), dim=-1)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     o1, o2 = out.chunk(2, dim=-1)
     torch.mul(x1, cos, out=o1)

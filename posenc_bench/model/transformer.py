@@ -39,6 +39,9 @@ class ModelConfig:
     n_heads: int = 4
     mlp_ratio: int = 4
     vocab_size: int = 257  # 256 byte values + BOS (data.VOCAB_SIZE; the config checks it is at least that)
+    # the embedding and output rows padded to a multiple of this (64 suits a GPU's matrix units); the padded
+    # ids are never predicted (their logits are cut off) and their rows start at zero. 1: no padding
+    vocab_multiple: int = 1
     # per-encoding keyword options, e.g. {"t5": {"num_buckets": 32}, "rope": {"theta": 10000.0}}
     encoding_options: dict = field(default_factory=dict)
 
@@ -104,6 +107,8 @@ class DecoderLM(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.tok_emb.weight  # weight tying
         self._init_weights()
+        self._pad_vocabulary()
+        self._compiled: Optional[list] = None  # the blocks as torch.compile runs them (compile_blocks)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed + 1_000_003)
             self.encoding = build_encoding(cfg, encoding, train_len)
@@ -114,15 +119,46 @@ class DecoderLM(nn.Module):
                 std = encodings.INIT_STD / math.sqrt(2 * self.cfg.n_layers) if name.endswith("proj.weight") else encodings.INIT_STD
                 nn.init.normal_(p, mean=0.0, std=std)
 
+    @property
+    def padded_vocab(self) -> int:
+        """Rows of the embedding and output matrix: vocab_size rounded up to a multiple of vocab_multiple."""
+        return -(-self.cfg.vocab_size // self.cfg.vocab_multiple) * self.cfg.vocab_multiple
+
+    def _pad_vocabulary(self) -> None:
+        """Append the zero rows of the padded ids to the tied embedding/output matrix, after every weight was
+        drawn: the real rows, and every later draw, are those of the unpadded model (the same RNG stream)."""
+        extra = self.padded_vocab - self.cfg.vocab_size
+        if not extra:
+            return
+        real = self.tok_emb.weight.data  # (V, C)
+        weight = nn.Parameter(torch.cat((real, real.new_zeros(extra, real.shape[1]))))  # (V_pad, C)
+        self.tok_emb.weight, self.tok_emb.num_embeddings = weight, weight.shape[0]
+        self.lm_head.weight, self.lm_head.out_features = weight, weight.shape[0]
+
+    def num_parameters(self) -> int:
+        """Trainable numbers of the model as it predicts: each shared tensor once, the padded vocabulary rows
+        (never used) not counted. What records report as a model's size."""
+        padded = (self.padded_vocab - self.cfg.vocab_size) * self.cfg.d_model
+        return sum(p.numel() for p in self.parameters()) - padded
+
+    def compile_blocks(self, enabled: bool = True) -> None:
+        """Run each block through ``torch.compile`` from the next forward on (``enabled``), or eagerly again.
+        The positions' per-forward facts are worked out before the blocks (``forward``), so a block of the
+        default encodings compiles into one graph; the state dict is unchanged either way."""
+        self._compiled = [torch.compile(block) for block in self.blocks] if enabled else None
+
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """idx (B, T) token ids -> logits (B, T, vocab)."""
         B, T = idx.shape
         pos = self.encoding.positions(B, T, idx.device)  # (T,) 0 .. T-1, or (B, T) per sequence (+rand training)
+        # asked once here, on the host, and memoized on pos: no layer syncs or breaks a compiled graph for it
+        encodings.consecutive_start(pos)
         x = self.encoding.embed(self.tok_emb(idx), pos)  # (B, T, C)
         plan = AttentionPlan(self.encoding, pos, self.window, self.max_mask_bytes, batch=B)
-        for i, block in enumerate(self.blocks):
+        for i, block in enumerate(self._compiled or self.blocks):
             x = block(x, self.encoding.for_layer(i), plan)
-        return self.lm_head(self.ln_f(x))
+        logits = self.lm_head(self.ln_f(x))  # (B, T, V_pad)
+        return logits[..., :self.cfg.vocab_size] if logits.shape[-1] != self.cfg.vocab_size else logits  # (B, T, V)
 
 
 def build_encoding(cfg: ModelConfig, encoding: str, train_len: int) -> encodings.Encoding:

@@ -189,3 +189,18 @@ def test_the_row_a_checkpoint_is_evaluated_as_is_named_by_row():
     assert checkpoint.evaluated_row(windowed).name == "rope+sw64"
     assert checkpoint.evaluated_row(windowed, "rope+sink4").name == "rope+sw64+sink4"
     assert checkpoint.evaluated_row(windowed, "rope-yarn").name == "rope-yarn+sw64"
+
+
+def test_a_padded_vocabulary_checkpoint_reloads_with_its_padding(tmp_path):
+    """model.vocab_multiple is in the saved config: the padded weights load back into a padded model."""
+    cfg = load_config(str(ROOT / "configs" / "ci.yaml"), {"model.d_model": 32, "train.train_len": 16,
+                                                           "model.vocab_multiple": 64})
+    model = checkpoint.build_model(cfg, Row("rope"), 0)
+    assert model.tok_emb.weight.shape[0] == 320 and model.lm_head.weight is model.tok_emb.weight
+    path = checkpoint.checkpoint_dir(tmp_path, Row("rope"), 0)
+    checkpoint.save(path, model, {**meta(Row("rope")), "config": cfg.to_dict()})
+    loaded, ckpt = checkpoint.load_model(path)
+    assert ckpt.config.model.vocab_multiple == 64 and loaded.lm_head.weight is loaded.tok_emb.weight
+    assert all(torch.equal(v, loaded.state_dict()[k]) for k, v in model.state_dict().items())
+    idx = torch.randint(0, 257, (1, 16))
+    assert torch.equal(model.eval()(idx), loaded(idx)) and loaded(idx).shape == (1, 16, 257)

@@ -185,3 +185,28 @@ def test_rand_eval_positions_enter_the_eval_key_and_never_the_weights_key():
     assert eval_key(cfg, Row("rope+rand+sink2+sw8")) == eval_key(cfg)  # sinks: the cache's positions, 0 .. L-1
     assert row_eval_options({}, rand) == {"eval_positions": "random", "eval_seed": 0}
     assert row_eval_options({"rope": {"theta": 1.0}}, Row("rope")) == {}
+
+
+def test_vocab_multiple_one_keeps_every_cell_key():
+    from posenc_bench.bench.config import RunConfig
+    from posenc_bench.bench.keys import cell_key
+    from posenc_bench.bench.rows import Row
+
+    cfg = RunConfig()
+    key = cell_key(cfg, Row("rope"), 0, "fp")
+    assert key == "5d87d934db816d19"  # the key of the default rope cell before the field existed
+    cfg.model.vocab_multiple = 64  # another state dict: another checkpoint
+    assert cell_key(cfg, Row("rope"), 0, "fp") != key
+
+
+def test_compiled_training_is_off_by_default_and_keyless():
+    from posenc_bench.bench.config import RunConfig
+    from posenc_bench.bench.keys import cell_key
+    from posenc_bench.bench.records import NOT_IDENTITY
+    from posenc_bench.bench.rows import Row
+
+    cfg = RunConfig()
+    assert cfg.train.compile is False and "config.train.compile" in NOT_IDENTITY
+    key = cell_key(cfg, Row("rope"), 0, "fp")
+    cfg.train.compile = True
+    assert cell_key(cfg, Row("rope"), 0, "fp") == key

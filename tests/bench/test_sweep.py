@@ -193,3 +193,13 @@ def test_a_resumed_sweep_counts_the_cells_finished_before_and_says_1_thread(tmp_
     assert "; 1 thread); out " in out  # the summary line
     data = json.loads((tmp_path / "out" / "results.json").read_text())
     assert data["run"]["device"].endswith("; 1 threads)")  # the record: as committed results say it
+
+
+def test_the_records_count_a_padded_models_real_parameters_only():
+    from posenc_bench.bench.config import RunConfig
+    from posenc_bench.bench.sweep import row_params
+
+    cfg = RunConfig()
+    plain = row_params(cfg, ["rope", "learned"])
+    cfg.model.vocab_multiple = 64
+    assert row_params(cfg, ["rope", "learned"]) == plain

@@ -345,6 +345,7 @@ def test_run_without_a_config_is_the_default_config():
     assert default.out == "results/default" and cfg.out == "runs/default"  # the committed folder is never the default
     assert run_config(parsed("run", "--config", "default")).to_dict() == cfg.to_dict()
     assert run_config(parsed("run", "--steps", "3")).train.steps == 3
+    assert cfg.train.compile is False and run_config(parsed("run", "--compile")).train.compile is True
 
 
 @pytest.mark.parametrize("args, out", [
@@ -432,6 +433,7 @@ def test_run_reads_its_config_file_once(monkeypatch):
     [],
     ["--config", "ci", "--seeds", "0,5", "--lr", "0.001", "--set", "train.warmup_steps=5", "--set", "seed=2", "--fresh",
      "--device", "cpu", "--progress", "off"],
+    ["--compile", "--steps", "3"],
 ])
 def test_given_argv_is_the_command_line_again(argv):
     """The run's cheaper plans repeat its own flags: the flags given, in the parser's order, parse back to the

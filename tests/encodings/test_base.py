@@ -46,3 +46,16 @@ def test_consecutive_start_is_the_first_position_of_a_run_only(pos, start):
 
 def test_the_family_names_are_distinct():
     assert len(set(FAMILIES)) == len(FAMILIES) and all(f and f == f.strip() for f in FAMILIES)
+
+
+def test_consecutive_start_is_worked_out_once_per_tensor(monkeypatch):
+    """The memo on the tensor: a second ask reads no value (no host sync); a slice is a new tensor, asked
+    afresh; the memo holds "not consecutive" too, and works on inference tensors (evaluation's)."""
+    pos, other = torch.arange(2, 10), torch.tensor([0, 2, 3])
+    assert consecutive_start(pos) == 2 and consecutive_start(other) is None
+    monkeypatch.setattr(torch, "equal", lambda *a: pytest.fail("read the values again"))
+    assert consecutive_start(pos) == 2 and consecutive_start(other) is None
+    monkeypatch.undo()
+    assert consecutive_start(pos[3:]) == 5 and consecutive_start(other[1:]) == 2
+    with torch.inference_mode():
+        assert consecutive_start(torch.arange(4)) == 0

@@ -30,7 +30,7 @@ def validate_encoding_options(m: ModelConfig) -> None:
                 )
 
 
-MODEL_SIZES = ("d_model", "n_layers", "n_heads", "mlp_ratio", "vocab_size")
+MODEL_SIZES = ("d_model", "n_layers", "n_heads", "mlp_ratio", "vocab_size", "vocab_multiple")
 
 
 def validate_sizes(m: ModelConfig) -> None:

@@ -1,6 +1,6 @@
 """The ``train`` section: how a model is pre-trained (length, batch, steps, AdamW and its schedule).
 
-Every field is part of a trained model's cell key (``bench/keys.py``): changing one retrains.
+Every field but ``compile`` is part of a trained model's cell key (``bench/keys.py``): changing one retrains.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ class TrainConfig:
     # a loss that is not finite, or above divergence_factor x the first step's loss, ends the run as diverged
     divergence_factor: float = 2.0
     log_every: int = 20
+    # run each transformer block through torch.compile while training: the same model within float rounding
+    # (tested to 1e-5), so not part of the cell key (``bench/keys.py``) or of a result's identity
+    compile: bool = False
 
 
 def validate_train(t: TrainConfig) -> None:
@@ -39,5 +42,7 @@ def validate_train(t: TrainConfig) -> None:
         raise ConfigError("train.warmup_steps and train.weight_decay must be >= 0, train.min_lr_ratio in [0, 1]")
     if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):
         raise ConfigError(f"train.betas must be two numbers in [0, 1), got {t.betas!r}")
+    if not isinstance(t.compile, bool):
+        raise ConfigError(f"train.compile must be true or false, got {t.compile!r}")
     if not t.divergence_factor > 1:
         raise ConfigError(f"train.divergence_factor must be > 1, got {t.divergence_factor}")

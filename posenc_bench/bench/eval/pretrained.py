@@ -376,7 +376,7 @@ def eval_checkpoint(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], Non
                             "cell_key": meta.get("cell_key"), "weights_sha256": file_hash([path / checkpoint.WEIGHTS])},
         config=cfg.to_dict(), rows=[row.name for row, _ in rows], train_len=cfg.train.train_len,
         eval_lengths=evalset.lengths, segments=evalset.segments, corpus=corpus.describe(),
-        params=sum(p.numel() for p in checkpoint.build_model(cfg, ckpt.row, seed).parameters()),
+        params=checkpoint.build_model(cfg, ckpt.row, seed).num_parameters(),
         device=device_description(rt.device), **evalset.meta())  # the documents scored, and the targets of each
     split = "" if cfg.eval.split == "test" else f"-{cfg.eval.split}"
     out = Path(opts.out or f"{RUNS}/eval-{_slug(path.parent.parent.name + '-' + path.name)}{split}")

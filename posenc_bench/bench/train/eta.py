@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+import torch
+
 from posenc_bench.errors import PosencError
 
 # The first training step warms up (allocations, kernels); the estimate times the steps after it: at least
@@ -223,6 +225,8 @@ class Clock:
     def step(self) -> None:
         if self.sec_per_step is not None:
             return
+        if self.device_type == "cuda":  # a step no longer waits for the GPU: wait here, while measuring only
+            torch.cuda.synchronize()
         self._marks.append(self.now())
         measured = len(self._marks) - 1
         if measured >= MEASURE_STEPS or (measured >= 1 and self._marks[-1] - self._marks[0] >= MEASURE_S):

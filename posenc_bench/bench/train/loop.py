@@ -1,4 +1,11 @@
-"""Seeded training loop: AdamW, linear warm-up then cosine decay, gradient clipping, divergence detection."""
+"""Seeded training loop: AdamW, linear warm-up then cosine decay, gradient clipping, divergence detection.
+
+A step never waits for the device: its loss stays there, in the log interval's small tensor of per-step
+losses, and is read once per interval (at each ``log_every``-th step, before a resumable save, at the end).
+The curve and the divergence check then go over those values one by one exactly as they did when each step
+read its loss (Python float64 sums of the float32 per-step losses; the first diverging step, its reason and
+the last finite loss), so the numbers are the same; only the first step's loss is read at once (the threshold).
+"""
 
 from __future__ import annotations
 
@@ -44,7 +51,10 @@ def make_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
+    # CUDA: the fused kernel (one launch for all parameters, the same update within float rounding); elsewhere
+    # the default implementation, as ever
+    on_cuda = any(p.is_cuda for p in decay + no_decay)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), **({"fused": True} if on_cuda else {}))
 
 
 @dataclass
@@ -101,10 +111,11 @@ def _save(resume: Resume, p: _Progress, model: torch.nn.Module, opt: torch.optim
 
 
 def _loss_and_grads(net: torch.nn.Module, rows: torch.Tensor, grad_accum: int, rt: Runtime,
-                    mask: Optional[torch.Tensor] = None, scored: int = 0) -> float:
+                    mask: Optional[torch.Tensor] = None, scored: int = 0) -> torch.Tensor:
     """Forward and backward over this rank's rows in ``grad_accum`` micro-batches; the global batch's mean
-    loss (the same on every rank). With ``mask`` (a task's answer places, (rows, T)) only those targets count,
-    and the loss is their sum over the ``scored`` targets of the global batch."""
+    loss (the same on every rank), a float32 0-d tensor on the device (not read: no host sync). With ``mask``
+    (a task's answer places, (rows, T)) only those targets count, and the loss is their sum over the
+    ``scored`` targets of the global batch."""
     micro = rows.shape[0] // grad_accum
     total = torch.zeros((), device=rt.device)
     ranks = rt.dist.world_size if rt.dist is not None else 1  # DDP averages gradients over the ranks
@@ -122,7 +133,60 @@ def _loss_and_grads(net: torch.nn.Module, rows: torch.Tensor, grad_accum: int, r
                 loss = F.cross_entropy(logits.float()[m], mb[:, 1:][m], reduction="sum") * ranks / scored
             loss.backward()
         total += loss.detach()
-    return (rt.dist.mean(total) if rt.dist is not None else total).item()
+    return rt.dist.mean(total) if rt.dist is not None else total
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` (on the CPU) on ``device``; to a GPU through pinned memory, asynchronously: a plain copy from
+    pageable memory waits for the device (a host sync every step)."""
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
+
+
+class _Losses:
+    """The per-step losses of the steps not yet read, kept on the device (float32, one slot per step of a log
+    interval) and read all at once by ``take``: the one host sync of an interval."""
+
+    def __init__(self, size: int, device: torch.device, first_step: int) -> None:
+        self.values = torch.zeros(size, device=device)  # (size,) float32
+        self.first_step, self.n = first_step, 0
+
+    def add(self, value: torch.Tensor) -> None:
+        self.values[self.n] = value  # a device-side copy
+        self.n += 1
+
+    def take(self) -> list[tuple[int, float]]:
+        """(step, loss) of every step added since the last take, in order; empties the slots."""
+        out = list(enumerate(self.values[:self.n].tolist(), start=self.first_step))
+        self.first_step, self.n = self.first_step + self.n, 0
+        return out
+
+
+def _fold(p: _Progress, losses: list[tuple[int, float]], factor: float) -> Optional[tuple[int, str]]:
+    """Each step's loss into the progress, in step order, as each step once did on its own: (step, reason) of
+    the first step whose loss is not finite or above ``factor`` x the first loss (the losses after it are
+    not folded), else None."""
+    for step, value in losses:
+        if not math.isfinite(value) or value > factor * p.first_loss:
+            what = f"loss {value:.4g}" if math.isfinite(value) else f"loss became {value}"
+            return step, (f"diverged at step {step}: {what} (first loss {p.first_loss:.4g}, "
+                          f"last finite loss {p.last_finite if p.last_finite is None else round(p.last_finite, 4)})")
+        p.last_finite = value
+        p.window_sum += value
+        p.window_n += 1
+    return None
+
+
+@contextlib.contextmanager
+def _compiled(model: torch.nn.Module, cfg):
+    """With cfg.compile, the model's blocks run compiled (``torch.compile``) while it trains; as before after."""
+    if not cfg.compile:
+        yield
+        return
+    model.compile_blocks(True)
+    try:
+        yield
+    finally:
+        model.compile_blocks(False)
 
 
 def train(model: torch.nn.Module, batches: TrainBatches, cfg, rt: Runtime, *, resume: Resume = Resume(),
@@ -157,37 +221,40 @@ def train(model: torch.nn.Module, batches: TrainBatches, cfg, rt: Runtime, *, re
         rt.log(f"  {desc}: resuming from step {p.step} of {cfg.steps}")
     t0 = time.perf_counter() - p.elapsed
     last_save = resume.clock()
-    with progress_bar(cfg.steps, desc, rt.show_progress) as bar:
+    losses = _Losses(min(cfg.log_every, cfg.steps), device, p.step)
+    diverged: Optional[tuple[int, str]] = None  # the first diverging step, found when its loss was read
+    with progress_bar(cfg.steps, desc, rt.show_progress) as bar, _compiled(model, cfg):
         bar.update(p.step)
         for step in range(p.step, cfg.steps):
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, lr=cfg.lr, warmup=cfg.warmup_steps, total=cfg.steps, min_ratio=cfg.min_lr_ratio)
             batch = batches.next()  # (B, T + 1) tokens, or a task's (tokens, answer mask (B, T))
             tokens, mask = batch if isinstance(batch, tuple) else (batch, None)
-            rows = tokens[first_row:first_row + n_rows].to(device)  # (B / world, T + 1) of the global batch
+            rows = _to_device(tokens[first_row:first_row + n_rows], device)  # (B / world, T + 1) of the global batch
             opt.zero_grad(set_to_none=True)
-            mine = None if mask is None else mask[first_row:first_row + n_rows].to(device)  # (B / world, T)
+            mine = None if mask is None else _to_device(mask[first_row:first_row + n_rows], device)  # (B / world, T)
             value = _loss_and_grads(net, rows, grad_accum, rt, mine, 0 if mask is None else int(mask.sum()))
             if p.first_loss is None:
-                p.first_loss = value
-            if not math.isfinite(value) or value > cfg.divergence_factor * p.first_loss:
-                what = f"loss {value:.4g}" if math.isfinite(value) else f"loss became {value}"
-                reason = (f"diverged at step {step}: {what} (first loss {p.first_loss:.4g}, "
-                          f"last finite loss {p.last_finite if p.last_finite is None else round(p.last_finite, 4)})")
-                return TrainOutcome("diverged", step, None, p.last_finite, reason, time.perf_counter() - t0, 0.0, p.curve)
-            p.last_finite = value
+                p.first_loss = value.item()  # the threshold of the divergence check: read once
+            losses.add(value)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step()
-            p.window_sum += value
-            p.window_n += 1
             if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
+                diverged = diverged or _fold(p, losses.take(), cfg.divergence_factor)
+                if diverged is not None:  # every rank reads the same losses here, so all stop at this step
+                    return TrainOutcome("diverged", diverged[0], None, p.last_finite, diverged[1],
+                                        time.perf_counter() - t0, 0.0, p.curve)
                 p.curve.append([step + 1, round(p.window_sum / p.window_n, 5)])
                 bar.set_postfix(loss=f"{p.window_sum / p.window_n:.3f}")
                 p.window_sum, p.window_n = 0.0, 0
             now = resume.clock()
             if rt.is_main and resume.path is not None and step + 1 < cfg.steps and resume.due(step + 1, now - last_save):
-                p.step, p.elapsed = step + 1, time.perf_counter() - t0
-                _save(resume, p, model, opt, batches)  # the same state as ever: a resume file of any version reads
+                # the saved progress holds every step's loss so far; a state past a diverged step is not saved
+                # (the run stops at the next log step, as every rank finds that step there)
+                diverged = diverged or _fold(p, losses.take(), cfg.divergence_factor)
+                if diverged is None:
+                    p.step, p.elapsed = step + 1, time.perf_counter() - t0
+                    _save(resume, p, model, opt, batches)  # the same state as ever: a resume file of any version reads
                 last_save = now
             bar.update(1)
             if on_step is not None:

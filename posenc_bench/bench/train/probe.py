@@ -30,5 +30,7 @@ def step_seconds(cfg, row, rt: Runtime) -> float:
             opt.zero_grad(set_to_none=True)
             _loss_and_grads(model, tokens, cfg.grad_accum, local)
             opt.step()
+            if rt.device.type == "cuda":  # the step reads nothing back: wait for it before reading the clock
+                torch.cuda.synchronize(rt.device)
             marks.append(time.perf_counter())
     return (marks[-1] - marks[0]) / PROBE_STEPS

@@ -175,3 +175,95 @@ def test_save_every_s_is_a_run_setting_that_changes_no_identity():
     assert RunConfig().save_every_s == 600.0 and "config.save_every_s" in NOT_IDENTITY
     with pytest.raises(ValueError, match=r"save_every_s must be >= 0 seconds \(0 = by steps only\), got -1"):
         load_config("ci", {"save_every_s": -1})
+
+
+def _per_step_reference(values, cfg):
+    """What the loop reported when every step read its loss at once: (status, steps, last finite, reason, curve)."""
+    first, last, total, n, curve = None, None, 0.0, 0, []
+    for step, value in enumerate(values):
+        first = value if first is None else first
+        if not math.isfinite(value) or value > cfg.divergence_factor * first:
+            what = f"loss {value:.4g}" if math.isfinite(value) else f"loss became {value}"
+            reason = (f"diverged at step {step}: {what} (first loss {first:.4g}, "
+                      f"last finite loss {last if last is None else round(last, 4)})")
+            return "diverged", step, last, reason, curve
+        last, total, n = value, total + value, n + 1
+        if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
+            curve.append([step + 1, round(total / n, 5)])
+            total, n = 0.0, 0
+    return "ok", cfg.steps, last, "", curve
+
+
+def _recorded_run(monkeypatch, resume=Resume(), **overrides):
+    """A run of ``_run``'s model with every step's loss recorded as it was computed (read in the wrapper)."""
+    from posenc_bench.bench.train import loop
+
+    values, real = [], loop._loss_and_grads
+    monkeypatch.setattr(loop, "_loss_and_grads", lambda *a, **k: values.append(real(*a, **k).item()) or
+                        torch.tensor(values[-1], dtype=torch.float32))
+    cfg = TrainConfig(train_len=16, batch_size=8, steps=30, lr=3e-3, warmup_steps=5, log_every=7)
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    model = DecoderLM(ModelConfig(d_model=32, n_layers=1, n_heads=2), "rope", 16, seed=0)
+    out = train(model, TrainBatches(_stream(), 16, 8, seed=0), cfg, Runtime(torch.device("cpu"), show_progress=False),
+                resume=resume)
+    return out, values, cfg
+
+
+def test_the_curve_read_at_log_time_is_the_per_step_one_bit_for_bit(monkeypatch):
+    out, values, cfg = _recorded_run(monkeypatch)
+    status, steps, last, reason, curve = _per_step_reference(values, cfg)
+    assert len(values) == 30 and status == "ok" and len(curve) == 5  # 7, 14, 21, 28 and the last step, 30
+    assert out.curve == curve and out.last_finite_loss == last and out.final_loss == curve[-1][1]
+
+
+@pytest.mark.parametrize("save_every", [0, 1])
+def test_divergence_read_at_log_time_names_the_first_diverging_step(monkeypatch, tmp_path, save_every):
+    """The step, reason and last finite loss of the first step that diverged, though its loss is read at the next
+    log step; saving every step reads the losses early and never saves a state past the diverged step."""
+    resume = Resume(tmp_path / "state.pt", save_every, "k")
+    out, values, cfg = _recorded_run(monkeypatch, resume, lr=50.0, warmup_steps=1, grad_clip=1e9, log_every=10)
+    status, steps, last, reason, curve = _per_step_reference(values, cfg)
+    assert status == "diverged" and steps % cfg.log_every != cfg.log_every - 1  # read steps after it diverged
+    assert (out.status, out.steps, out.last_finite_loss, out.reason, out.curve) == (status, steps, last, reason, curve)
+    assert len(values) == (steps // cfg.log_every + 1) * cfg.log_every  # it ran on to the log step
+    if save_every:
+        assert torch.load(resume.path, weights_only=True)["step"] == steps  # the last state before the diverged step
+
+
+def test_a_step_reads_nothing_from_the_device_but_the_first_loss(monkeypatch):
+    """One .item() (the first loss: the divergence threshold) and one read of the losses per log interval, of
+    the package's own reads (torch's CPU AdamW reads its step counters, on the host: those are not counted)."""
+    import sys
+
+    counts = {"item": 0, "tolist": 0}
+    for name in counts:
+        real = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _real=real, _name=name, **k):
+            counts[_name] += "posenc_bench" in sys._getframe(1).f_code.co_filename
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    _, out = _run(steps=20, log_every=5)
+    assert out.status == "ok" and counts == {"item": 1, "tolist": 4}
+
+
+
+def test_fused_adamw_on_cuda_only():
+    from posenc_bench.bench.train.loop import make_optimizer
+
+    model = DecoderLM(ModelConfig(d_model=32, n_layers=1, n_heads=2), "rope", 16)
+    opt = make_optimizer(model, TrainConfig())
+    assert not opt.defaults.get("fused")  # the CPU keeps the default implementation
+    if torch.cuda.is_available():
+        assert make_optimizer(model.cuda(), TrainConfig()).defaults["fused"] is True
+
+
+@pytest.mark.slow  # compiling the block takes several seconds
+def test_compiled_training_follows_the_eager_curve_and_leaves_the_model_eager():
+    m, compiled = _run("nope", steps=6, log_every=3, compile=True)
+    _, eager = _run("nope", steps=6, log_every=3)
+    assert compiled.status == eager.status == "ok" and m._compiled is None  # eager again after training
+    assert [s for s, _ in compiled.curve] == [3, 6]
+    assert all(abs(a[1] - b[1]) < 1e-4 for a, b in zip(compiled.curve, eager.curve))
