@@ -11,7 +11,8 @@ The hooks, all defaulting to "do nothing":
   may return (B, T) positions per sequence (``+rand`` does in training), then every hook gets those.
 - ``embed(x, pos)``: x (B, T, C) token embeddings, pos (T,) or (B, T) positions -> (B, T, C).
 - ``rotate(q, k, pos)``: q, k (B, H, T, D) -> rotated q, k.
-- ``bias(q_pos, k_pos)``: additive attention logits (1 or B, H, Tq, Tk), or None.
+- ``bias(q_pos, k_pos)``: additive attention logits (1 or B, H, Tq, Tk), or None: a new tensor each call (the
+  model writes the chunk's mask into it, so no second (Tq, Tk) copy exists).
 - optionally ``bias_factors(q_pos, k_pos)``: the same bias as a low-rank product (see there).
 - optionally ``attention_logits(q, k, q_pos, k_pos, mask, scale)`` (``has_attention_logits``): the whole
   pre-softmax logits of one query chunk, for an encoding whose logits are not q . k plus a bias that reads

@@ -28,6 +28,10 @@ SDPA_PATHS = ("fused", "folded", "mask")
 # and beats a (q, k) bias mask; on CUDA the mask path is the faster one (both measured by `posenc-bench time`,
 # its "(explicit bias)" rows: docs/timing.md), so there the bias goes into the mask.
 FOLD_DEVICES = ("cpu",)
+# The default memory budget of the attention masks (``AttentionPlan``'s ``max_mask_bytes``): a few MiB of masks
+# per query chunk keep a bias encoding's extra memory at long eval lengths near the fused path's (the eval peak
+# rows of ``posenc-bench time``), at a few hundred SDPA calls per layer at 8192 tokens.
+MAX_MASK_BYTES = 8 << 20
 # The devices on which a bias with a score_mod (``has_score_mod``) runs in FlexAttention's fused kernel
 # (``flex.py``), no (q, k) bias built. Not the CPU: this torch's FlexAttention has no backward there, and its
 # eager forward builds the whole score matrix.
@@ -217,14 +221,13 @@ class AttentionPlan:
         qs, qe, ks = self.chunks[i]
         q_pos, k_pos = self.chunk_positions(i)
         q_idx, k_idx = self.index[qs:qe], self.chunk_keys(i, self.index, -1)
-        rel = k_idx[None, :] - q_idx[:, None]  # (q, k): key minus query index
-        allowed = rel <= 0
+        allowed = k_idx[None, :] <= q_idx[:, None]  # (q, k)
         if self.window is not None:
-            allowed = allowed & (rel > -self.window)
+            allowed &= k_idx[None, :] > q_idx[:, None] - self.window
         if self.block is not None:  # keys from the query's previous block on
             allowed = allowed & (k_idx[None, :] >= (q_idx[:, None] // self.block - 1) * self.block)
         if self.sinks:  # the first S tokens stay visible (they are the first columns: key_span)
-            allowed = allowed | ((k_idx[None, :] < self.sinks) & (rel <= 0))
+            allowed |= (k_idx[None, :] < self.sinks) & (k_idx[None, :] <= q_idx[:, None])
         with torch.set_grad_enabled(torch.is_grad_enabled() and self.distance_bias is None):  # else: a constant
             if self.distance_bias is not None and q_pos.dim() == 2:
                 bias = gather_distance_bias(self.distance_bias.detach(), q_pos, k_pos)
@@ -235,8 +238,8 @@ class AttentionPlan:
         if bias is None:
             mask = torch.zeros(1, 1, *allowed.shape, device=self.pos.device)
         else:
-            mask = bias.float()
-        mask = mask.masked_fill(~allowed, float("-inf"))  # (1 or B, H or 1, q, k)
+            mask = bias.float()  # a new tensor (``Encoding.bias``): the mask is written into it
+        mask.masked_fill_(~allowed, float("-inf"))  # (1 or B, H or 1, q, k)
         if self._keep_masks:
             self._masks[i] = mask
         return mask.to(dtype)

@@ -29,7 +29,7 @@ from torch import nn
 from posenc_bench import encodings
 from posenc_bench.errors import ConfigError
 from posenc_bench.model.attention import attend
-from posenc_bench.model.plan import AttentionPlan
+from posenc_bench.model.plan import MAX_MASK_BYTES, AttentionPlan
 
 
 @dataclass
@@ -92,7 +92,7 @@ class DecoderLM(nn.Module):
     """Token embedding -> encoding.embed -> n pre-LN blocks -> LayerNorm -> tied LM head."""
 
     def __init__(self, cfg: ModelConfig, encoding: str, train_len: int, *, window: Optional[int] = None,
-                 seed: int = 0, max_mask_bytes: int = 64 << 20) -> None:
+                 seed: int = 0, max_mask_bytes: int = MAX_MASK_BYTES) -> None:
         super().__init__()
         validate_shape(cfg, encoding)
         self.cfg = cfg

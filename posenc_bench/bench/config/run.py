@@ -19,6 +19,7 @@ from posenc_bench.bench.config.task import TaskConfig
 from posenc_bench.bench.config.train import TrainConfig, validate_train
 from posenc_bench.bench.rows import Row
 from posenc_bench.errors import ConfigError
+from posenc_bench.model.plan import MAX_MASK_BYTES
 from posenc_bench.model.transformer import ModelConfig
 from posenc_bench.values import TRAIN_PRECISIONS, parse_eval_lens
 
@@ -32,7 +33,7 @@ class RunConfig:
     threads: Optional[int] = None  # torch intra-op threads; None keeps torch's default
     precision: str = "fp32"  # fp32 | bf16 (autocast; for GPUs)
     out: str = "results/run"
-    max_mask_bytes: int = 64 << 20  # memory budget of one attention-mask chunk
+    max_mask_bytes: int = MAX_MASK_BYTES  # memory budget of the attention masks (model/plan.py)
     save_every: int = 100  # training steps between resumable mid-run saves (0: only at the end)
     # seconds of training between those saves, whichever of the two comes first (0: steps only): at 25 s a step,
     # 100 steps are 40 minutes of work to lose; by default at most 10 minutes is ever lost
