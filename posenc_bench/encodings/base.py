@@ -96,6 +96,9 @@ class Encoding(nn.Module):
     # True when attention_parts() splits those logits into ordinary attentions over disjoint sets of pairs:
     # the model then runs each through SDPA's kernel and merges them by log-sum-exp (no (q, k) logits).
     has_attention_parts: ClassVar[bool] = False
+    # True when attention_output() computes a chunk's softmax(attention_logits) @ v itself (with
+    # ``has_attention_logits``), e.g. with a backward that recomputes the logits instead of saving them (CoPE).
+    has_attention_output: ClassVar[bool] = False
     # True when every position-reading hook accepts (B, T) positions (one row per sequence): the encodings
     # ``+rand`` can wrap.
     batched_positions: ClassVar[bool] = False
@@ -170,6 +173,12 @@ class Encoding(nn.Module):
         included. q (B, H, q, D), k (B, H, k, D) are what ``rotate`` returned (an encoding that rotates per
         pair, e.g. ReRoPE, returns them unrotated there and rotates here); positions as in ``bias``."""
         return (q @ k.transpose(-1, -2)).float() * scale + mask
+
+    def attention_output(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
+                         k_pos: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+        """Optional (``has_attention_output``): softmax(attention_logits(q, k, q_pos, k_pos, mask, scale)) @ v
+        (B, H, q, D) of one query chunk, the same values by a faster or leaner route."""
+        raise NotImplementedError
 
     def attention_parts(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
                         ) -> list[tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]]:

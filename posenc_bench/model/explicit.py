@@ -61,5 +61,7 @@ def explicit_attention(plan: AttentionPlan, c: Chunk) -> torch.Tensor:
     holding the causal/window/sink set and any bias."""
     q_pos, k_pos = plan.chunk_positions(c.i)
     encoding = plan.encoding if c.encoding is None else c.encoding  # the layer's view (Encoding.for_layer)
+    if encoding.has_attention_output:  # the same values by the encoding's own route (CoPE's backward)
+        return encoding.attention_output(c.q, c.k, c.v, q_pos, k_pos, c.mask, c.scale)
     logits = encoding.attention_logits(c.q, c.k, q_pos, k_pos, c.mask, c.scale)  # (B, H, q, k), -inf: unseen
     return torch.softmax(logits.float(), dim=-1).to(c.v.dtype) @ c.v
