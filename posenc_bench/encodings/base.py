@@ -19,6 +19,8 @@ The hooks, all defaulting to "do nothing":
 - optionally ``attention_parts(q, k, q_pos, k_pos)`` (``has_attention_parts``): those logits as a few
   plain attentions over disjoint sets of pairs, which the model merges by log-sum-exp (faster, and no
   (q, k) logits in memory).
+- optionally ``attention_output(q, k, v, q_pos, k_pos, mask, scale)`` (``has_attention_output``): softmax of
+  those logits @ v by the encoding's own route (CoPE's hand-written backward).
 - optionally ``attention_block(length)``: blockwise causal attention (each query sees its own block of
   that many tokens and the previous one), or None.
 - ``attention_sinks`` (a class attribute, not a hook): (S, W) when the first S tokens stay visible beside a

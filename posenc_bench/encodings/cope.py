@@ -24,7 +24,10 @@ weights, so it is part of the cell key (``key_options``): a per-layer checkpoint
 shared one, nor for one trained before per-layer tables existed.
 
 CoPE reads q . k, so it computes each query chunk's whole logits (``has_attention_logits``): attention runs
-explicitly, chunk by chunk, with memory bounded by the chunk size.
+explicitly, chunk by chunk, with memory bounded by the chunk size. The model runs each chunk's
+softmax(logits) @ v through ``attention_output`` (``has_attention_output``): ``CoPEAttention``, the same
+values with a backward written out, faster than autograd through ``cope_logits``, which stays the definition
+it is tested against (tests/encodings/test_cope.py).
 """
 
 from __future__ import annotations
