@@ -22,6 +22,8 @@ The hooks, all defaulting to "do nothing":
   (q, k) logits in memory).
 - optionally ``score_mod(q_pos, k_pos)`` (``has_score_mod``): ``bias`` as a FlexAttention score_mod, built
   from small tensors only, so a device with FlexAttention never builds the (q, k) bias (``model/flex.py``).
+- optionally ``attention_output(q, k, v, q_pos, k_pos, mask, scale)`` (``has_attention_output``): softmax of
+  those logits @ v by the encoding's own route (CoPE's hand-written backward).
 - optionally ``attention_block(length)``: blockwise causal attention (each query sees its own block of
   that many tokens and the previous one), or None.
 - ``attention_sinks`` (a class attribute, not a hook): (S, W) when the first S tokens stay visible beside a
@@ -102,6 +104,9 @@ class Encoding(nn.Module):
     # True when attention_parts() splits those logits into ordinary attentions over disjoint sets of pairs:
     # the model then runs each through SDPA's kernel and merges them by log-sum-exp (no (q, k) logits).
     has_attention_parts: ClassVar[bool] = False
+    # True when attention_output() computes a chunk's softmax(attention_logits) @ v itself (with
+    # ``has_attention_logits``), e.g. with a backward that recomputes the logits instead of saving them (CoPE).
+    has_attention_output: ClassVar[bool] = False
     # True when every position-reading hook accepts (B, T) positions (one row per sequence): the encodings
     # ``+rand`` can wrap.
     batched_positions: ClassVar[bool] = False
@@ -177,6 +182,12 @@ class Encoding(nn.Module):
         included. q (B, H, q, D), k (B, H, k, D) are what ``rotate`` returned (an encoding that rotates per
         pair, e.g. ReRoPE, returns them unrotated there and rotates here); positions as in ``bias``."""
         return (q @ k.transpose(-1, -2)).float() * scale + mask
+
+    def attention_output(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
+                         k_pos: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+        """Optional (``has_attention_output``): softmax(attention_logits(q, k, q_pos, k_pos, mask, scale)) @ v
+        (B, H, q, D) of one query chunk, the same values by a faster or leaner route."""
+        raise NotImplementedError
 
     def attention_parts(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor
                         ) -> list[tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]]:

@@ -24,7 +24,10 @@ weights, so it is part of the cell key (``key_options``): a per-layer checkpoint
 shared one, nor for one trained before per-layer tables existed.
 
 CoPE reads q . k, so it computes each query chunk's whole logits (``has_attention_logits``): attention runs
-explicitly, chunk by chunk, with memory bounded by the chunk size.
+explicitly, chunk by chunk, with memory bounded by the chunk size. The model runs each chunk's
+softmax(logits) @ v through ``attention_output`` (``has_attention_output``): ``CoPEAttention``, the same
+values with a backward written out, faster than autograd through ``cope_logits``, which stays the definition
+it is tested against (tests/encodings/test_cope.py).
 """
 
 from __future__ import annotations
@@ -59,6 +62,88 @@ def cope_logits(table: torch.Tensor, q: torch.Tensor, k: torch.Tensor, mask: tor
     return (content + hi * w + lo * (1 - w)) * scale + mask
 
 
+class CoPEAttention(torch.autograd.Function):
+    """softmax(cope_logits(table, q, k, mask, scale)) @ v for one query chunk, with a hand-written backward.
+    Autograd through ``cope_logits`` saves about ten (B, H, q, k) tensors per chunk (int64 floor and ceil
+    among them) and runs a gather, scatter, flip or mask for every step of the definition; here the forward
+    takes fewer passes over the (B, H, q, k) values (scale and mask inside the q . k product, the position
+    logit as lo + w d in one gather fewer, in-place updates, only the table's reachable columns: a count over
+    k keys is at most k) and saves five of them (P, the gates g, the fractions w, the floors, d). With
+    L the logits, dL = P (dP - dout . out) the softmax backward, s the scale:
+
+    - the position logit lo + w d, lo = fixed[floor p], d = fixed[floor p + 1] - fixed[floor p], fixed =
+      q . table s: a scatter-add of dL at floor p into d(fixed), and of dL w moved from floor p to floor p + 1;
+    - dL/dp = dL d; p is a reverse cumsum of the gates, so dg = cumsum(dL d) (its transpose), and the gates'
+      input s q . k + mask gets dL + dg g (1 - g) (the sigmoid's derivative; g = 0 off the visible keys);
+    - then the matmuls for dq, dk, dv and d(table), the table's unread columns getting 0.
+
+    Where p is an integer, autograd's floor/ceil gathers give dL/dp = 0 and d here does not: p is an exact
+    integer only where every gate it counts is exactly 0 or 1 (or p is clamped at npos - 1, where d = 0), and
+    there g (1 - g) = 0 for every gate that dp reaches, so the gradients agree. Computed in float32 (float64
+    if given). The mask must be 0 or -inf (CoPE has no bias, so the plan's masks are): it enters the gates'
+    input, and gets no gradient."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, mask: torch.Tensor,
+                scale: float, npos: int) -> torch.Tensor:
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        qf, kf, tf = q.to(dtype), k.to(dtype), table.to(dtype)
+        B, H, Q, D = q.shape
+        K = k.shape[-2]
+        n = min(npos, K + 1)  # reachable positions 0 .. n - 1
+        # x = s q . k + mask: the gates' input (sigmoid(-inf) = 0 off the visible keys), and the logits but for
+        # the position logit: (B H, q, k)
+        hidden = mask.to(dtype)  # (1 or B, 1 or H, q, k)
+        hidden = hidden.view(1, Q, K) if hidden.numel() == Q * K else hidden.expand(B, H, Q, K).reshape(-1, Q, K)
+        x = torch.baddbmm(hidden, qf.reshape(B * H, Q, D), kf.reshape(B * H, K, D).transpose(-1, -2), alpha=scale)
+        x = x.view(B, H, Q, K)
+        g = torch.sigmoid(x)  # 0 off the visible keys
+        p = g.flip(-1).cumsum_(-1).flip(-1)  # p_ij = sum_{t >= j} g_it
+        if n == npos:  # a count can pass the last position only when there are that many keys
+            p.clamp_(max=npos - 1)
+        floor = p.long()  # p >= 0: truncation is the floor
+        w = p.frac_()
+        fixed = qf @ (tf[:, :n] * scale)  # (B, H, q, n): s q . e[m] for every reachable integer position m
+        diff = torch.nn.functional.pad(fixed.diff(dim=-1), (0, 1))  # (B, H, q, n): e[m + 1] - e[m], 0 at the end
+        d = diff.gather(-1, floor)
+        x.add_(fixed.gather(-1, floor).addcmul_(w, d))
+        P = torch.softmax(x, dim=-1)
+        del x
+        out = P.to(v.dtype) @ v
+        ctx.save_for_backward(q, k, v, table, out, P, g, w, floor, d)
+        ctx.scale, ctx.n = scale, n
+        return out
+
+    @staticmethod
+    def backward(ctx, dout: torch.Tensor):
+        q, k, v, table, out, P, g, w, floor, d = ctx.saved_tensors
+        s, n = ctx.scale, ctx.n
+        dtype = P.dtype
+        qf, kf, vf, tf, dout = q.to(dtype), k.to(dtype), v.to(dtype), table.to(dtype), dout.to(dtype)
+        dv = P.transpose(-1, -2) @ dout
+        delta = (dout * out.to(dtype)).sum(-1, keepdim=True)  # sum_k dP P = dout . out
+        dL = (dout @ vf.transpose(-1, -2)).sub_(delta).mul_(P)  # softmax backward: (B, H, q, k)
+        dfixed = torch.zeros(*dL.shape[:-1], n, dtype=dtype, device=dL.device).scatter_add_(-1, floor, dL)
+        dnext = torch.zeros_like(dfixed).scatter_add_(-1, floor, w.mul_(dL))  # w's share moves to m + 1
+        dfixed[..., 1:] += dnext[..., :-1]
+        dfixed[..., :-1] -= dnext[..., :-1]
+        dg = d.mul_(dL).cumsum_(-1)  # dL/dp, then the transpose of the reverse cumsum
+        dx = dL.add_(dg.mul_(g.addcmul_(g, g, value=-1)))  # content and gate paths: d(s q . k)
+        ts = tf[:, :n] * s
+        dq = (dx @ kf).mul_(s).add_(dfixed @ ts.transpose(0, 1))
+        dk = (dx.transpose(-1, -2) @ qf).mul_(s)
+        dtable = torch.zeros_like(tf)
+        dtable[:, :n] = (qf.reshape(-1, qf.shape[-1]).transpose(0, 1) @ dfixed.reshape(-1, n)).mul_(s)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dtable.to(table.dtype), None, None, None
+
+
+def cope_attention(table: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                   scale: float) -> torch.Tensor:
+    """softmax(cope_logits(table, q, k, mask, scale)) @ v (B, H, q, D) of one query chunk, through
+    ``CoPEAttention`` (a hand-written backward; in evaluation the same forward, nothing saved)."""
+    return CoPEAttention.apply(q, k, v, table, mask, scale, table.shape[-1])
+
+
 @register("cope")
 class CoPE(Encoding):
     summary = "positions counted by sigmoid(q.k) gates, interpolated position logits (CoPE); Golovneva et al. 2024"
@@ -66,6 +151,7 @@ class CoPE(Encoding):
     newer = True
     paper = "Golovneva et al. 2024 (arXiv:2405.18719)"
     has_attention_logits = True
+    has_attention_output = True
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int, npos_max: int = 0, shared: bool = False,
                  n_layers: int = 1) -> None:
@@ -109,6 +195,11 @@ class CoPE(Encoding):
         """With layer 0's table (the model asks each layer's view, ``for_layer``, for its own)."""
         return cope_logits(self.table(0), q, k, mask, scale)
 
+    def attention_output(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
+                         k_pos: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+        """softmax(attention_logits) @ v with layer 0's table, by ``cope_attention``."""
+        return cope_attention(self.table(0), q, k, v, mask, scale)
+
 
 class CoPELayer:
     """CoPE as attention layer ``layer`` sees it (``CoPE.for_layer``): its own position table, everything else
@@ -130,3 +221,7 @@ class CoPELayer:
     def attention_logits(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
                          mask: torch.Tensor, scale: float) -> torch.Tensor:
         return cope_logits(self.cope.table(self.layer), q, k, mask, scale)
+
+    def attention_output(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
+                         k_pos: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+        return cope_attention(self.cope.table(self.layer), q, k, v, mask, scale)

@@ -6,7 +6,8 @@ and Self-Extend (Jin et al., ICML 2024, arXiv:2401.01325) rotate each query-key 
 distance. Both paths run per query chunk, so memory stays bounded by the chunk size at any length:
 
 - logits (``explicit_attention``): softmax of the chunk's whole (B, H, q, k) logits from
-  ``encoding.attention_logits``.
+  ``encoding.attention_logits``, @ v; or, for an encoding with ``has_attention_output``, its own
+  ``attention_output`` of the same values (CoPE's, with a hand-written backward).
 - parts (``parts_attention``, for an encoding with ``has_attention_parts``): the same attention as a few plain
   attentions over disjoint sets of pairs (within and beyond a distance, for ReRoPE and Self-Extend), each on
   SDPA's kernel where it has one (``attention_lse``), merged exactly by their log-sum-exp: no (q, k) logits.
@@ -65,5 +66,7 @@ def explicit_attention(plan: AttentionPlan, c: Chunk) -> torch.Tensor:
     holding the causal/window/sink set and any bias."""
     q_pos, k_pos = plan.chunk_positions(c.i)
     encoding = plan.encoding if c.encoding is None else c.encoding  # the layer's view (Encoding.for_layer)
+    if encoding.has_attention_output:  # the same values by the encoding's own route (CoPE's backward)
+        return encoding.attention_output(c.q, c.k, c.v, q_pos, k_pos, c.mask, c.scale)
     logits = encoding.attention_logits(c.q, c.k, q_pos, k_pos, c.mask, c.scale)  # (B, H, q, k), -inf: unseen
     return torch.softmax(logits.float(), dim=-1).to(c.v.dtype) @ c.v

@@ -1,6 +1,7 @@
 """CoPE: gates, counted positions and interpolated position logits against the paper's definition, built pair
 by pair; chunked attention equals one chunk; one position table per layer (the authors' default) or one shared
-(their --cope-shared), each layer attending with its own, trained, saved and loaded."""
+(their --cope-shared), each layer attending with its own, trained, saved and loaded; the hand-written backward
+(``CoPEAttention``) equals autograd through the definition, alone and through the model, for every parameter."""
 
 import io
 import math
@@ -10,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from posenc_bench import encodings
-from posenc_bench.encodings.cope import CoPE
+from posenc_bench.encodings.base import Encoding
+from posenc_bench.encodings.cope import CoPE, cope_attention, cope_logits
 from posenc_bench.model.plan import AttentionPlan
 from posenc_bench.model.transformer import DecoderLM, ModelConfig
 
@@ -151,3 +153,78 @@ def test_chunked_attention_equals_one_chunk_and_window_masks_the_count():
             m.encoding.pos_emb.normal_(generator=torch.Generator().manual_seed(1))
         assert torch.allclose(whole(x), chunked(x), atol=1e-5)
     assert len(AttentionPlan(chunked.encoding, torch.arange(64), None, 1 << 12, batch=2).chunks) > 1
+
+
+def chunk_mask(Q, K, window=None):
+    """The mask of the last Q queries of K keys (0 visible, -inf not): causal, and within ``window`` keys."""
+    rel = torch.arange(K)[None] - torch.arange(K - Q, K)[:, None]  # (Q, K): key minus query index
+    allowed = (rel <= 0) & (rel > -window) if window else rel <= 0
+    return torch.zeros(1, 1, Q, K).masked_fill(~allowed, float("-inf"))
+
+
+def by_autograd(table, q, k, v, mask, scale):
+    """Today's path: softmax of the definition's logits, @ v, differentiated by autograd."""
+    return torch.softmax(cope_logits(table, q, k, mask, scale).float(), dim=-1) @ v
+
+
+@pytest.mark.parametrize("Q,K,npos,window,clamped", [
+    (6, 6, 9, None, False),  # one square chunk, a table longer than any count (unread columns get 0)
+    (5, 13, 40, None, False),  # a later chunk: keys before its queries
+    (7, 12, 30, 4, False),  # a sliding window: the counts stop at its edge
+    (6, 16, 4, None, True),  # npos_max 4: counts past 3 are clamped there (no gradient through p)
+])
+def test_the_hand_written_backward_equals_autograd_through_the_definition(Q, K, npos, window, clamped):
+    g = torch.Generator().manual_seed(Q * K)
+    B, H, D = 2, 3, 8
+    q, k, v = (torch.randn(B, H, n, D, generator=g) for n in (Q, K, K))
+    table = torch.randn(D, npos, generator=g)
+    mask, scale, dout = chunk_mask(Q, K, window), D ** -0.5, torch.randn(B, H, Q, D, generator=g)
+    counts = torch.sigmoid(q @ k.transpose(-1, -2) * scale).mul(torch.isfinite(mask)).sum(-1)  # p of key 0
+    assert bool((counts > npos - 1).any()) == clamped
+    results = []
+    for attention in (by_autograd, cope_attention):
+        inputs = [x.clone().requires_grad_() for x in (table, q, k, v)]
+        out = attention(*inputs, mask, scale)
+        results.append((out, *torch.autograd.grad(out, inputs, dout)))
+    for name, want, got in zip(("out", "table", "q", "k", "v"), *results):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=name)
+    assert results[1][1].abs().sum() > 0
+    if K + 1 < npos:  # counts never reach the last columns: no gradient there, on either path
+        assert not results[1][1][:, K + 1:].any() and not results[0][1][:, K + 1:].any()
+    with torch.no_grad():  # evaluation: the same forward, nothing saved
+        torch.testing.assert_close(cope_attention(table, q, k, v, mask, scale), results[0][0], rtol=0, atol=1e-6)
+
+
+def gradients(model, x):
+    loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
+    names, params = zip(*model.named_parameters())
+    return dict(zip(names, torch.autograd.grad(loss, params)))
+
+
+@pytest.mark.parametrize("shared,window", [(False, None), (True, None), (False, 10)])
+def test_every_gradient_of_a_chunked_model_equals_autograd_through_the_definition(shared, window):
+    """The model's chunks (several query chunks, keys from before them; a sliding window; per-layer or one
+    shared table, trained away from zero) through CoPEAttention and through today's autograd path."""
+    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=4, encoding_options={"cope": {"shared": shared}})
+    models = [DecoderLM(cfg, "cope", 16, seed=0, window=window, max_mask_bytes=1 << 13) for _ in range(2)]
+    models[0].encoding.has_attention_output = False  # the reference: softmax(attention_logits) @ v by autograd
+    assert CoPE.has_attention_output and models[1].encoding.for_layer(1).has_attention_output
+    x = torch.randint(0, 256, (2, 41), generator=torch.Generator().manual_seed(4))
+    assert len(AttentionPlan(models[1].encoding, torch.arange(40), window, 1 << 13, batch=2).chunks) > 2
+    for m in models:
+        with torch.no_grad():
+            m.encoding.pos_emb.normal_(generator=torch.Generator().manual_seed(1))
+    want, got = gradients(models[0], x), gradients(models[1], x)
+    assert want.keys() == got.keys() and "encoding.pos_emb" in got
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-5, msg=name)
+    with torch.no_grad():  # evaluation numbers as before
+        torch.testing.assert_close(models[1].eval()(x), models[0].eval()(x), rtol=0, atol=1e-6)
+
+
+def test_the_base_has_no_attention_output_of_its_own():
+    enc = Encoding(d_model=8, n_heads=2, train_len=16)
+    assert not Encoding.has_attention_output
+    with pytest.raises(NotImplementedError):
+        enc.attention_output(*(torch.zeros(1, 2, 3, 4) for _ in range(3)), torch.arange(3), torch.arange(3),
+                             torch.zeros(1, 1, 3, 3), 0.5)
