@@ -99,16 +99,18 @@ def tiled_backward(q, k, v, mask, out, lse, grad_out, scale: float, offset: int,
     dmask = torch.empty(mask.shape, dtype=mask.dtype) if want_mask else None
     n_distances = table if positions is not None else Tk + offset if Tq else 0
     diagonals = torch.zeros(H, n_distances, dtype=torch.float32) if want_diagonals else None
+    q2 = q * (scale * LOG2E)  # logits in log2 units straight from the product
+    lse2 = lse * LOG2E
     for a0 in range(0, Tq, ROWS):
         a1 = min(Tq, a0 + ROWS)
         n, cols = a1 - a0, min(Tk, a1 + offset)  # keys [0, cols): the last row's and every earlier one
         kb, vb, qb, gb = k[:, :, :cols], v[:, :, :cols], q[:, :, a0:a1], grad_out[:, :, a0:a1]
-        p = qb @ kb.transpose(-1, -2)  # (B, H, n, cols), then P in place
-        p.mul_(scale).add_(mask[:, :, a0:a1, :cols]).sub_(lse[:, :, a0:a1, None]).mul_(LOG2E).exp2_()
+        p = q2[:, :, a0:a1] @ kb.transpose(-1, -2)  # (B, H, n, cols), then P = 2^(s log2 e - lse log2 e) in place
+        p.add_(mask[:, :, a0:a1, :cols], alpha=LOG2E).sub_(lse2[:, :, a0:a1, None]).exp2_()
         dv[:, :, :cols] += p.transpose(-1, -2) @ gb
         ds = gb @ vb.transpose(-1, -2)  # dP (B, H, n, cols), then dS in place
         ds.sub_(delta[:, :, a0:a1]).mul_(p)
-        dq[:, :, a0:a1] = (ds @ kb).mul_(scale)
+        torch.matmul(ds, kb, out=dq[:, :, a0:a1]).mul_(scale)
         dk[:, :, :cols] += (ds.transpose(-1, -2) @ qb).mul_(scale)
         if want_mask:  # one mask for the batch gets the batch's sum; keys past the block's last row: dS = 0
             if mask.shape[0] == 1:
@@ -125,8 +127,9 @@ def tiled_backward(q, k, v, mask, out, lse, grad_out, scale: float, offset: int,
             # E[h, a, u] = dS summed over the batch at key u - (n - 1) (zeros before key 0): then E[h, a, a + u]
             # is the key at distance (a0 + offset + n - 1) - u from row a, for u in [0, cols)
             width = cols + n - 1
-            E = torch.zeros(H, n, width, dtype=torch.float32)
-            E[:, :, n - 1:] = ds.sum(0)
+            E = torch.empty(H, n, width, dtype=torch.float32)
+            E[:, :, :n - 1] = 0
+            torch.sum(ds, 0, out=E[:, :, n - 1:])
             band = E.as_strided((H, n, cols), (n * width, width + 1, 1))
             diagonals[:, a0 + offset + n - cols:a0 + offset + n] += band.sum(1).flip(-1)
     return dq, dk, dv, dmask, diagonals
