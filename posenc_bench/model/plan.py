@@ -143,6 +143,7 @@ class AttentionPlan:
     BIAS_ROWS = 512  # query chunk of a learned bias in training (distance_bias.py)
     LOGIT_TENSORS = 8  # (B, H, q, k) float tensors a logits or sinks chunk may hold at once (CoPE: ~6)
     PART_TENSORS = 8  # (q, k) 4-byte tensors of a parts chunk: masks, pairs, distances (int64: 2)
+    TRAIN_LOGIT_ROWS = 128  # query chunk of the logits path in training (CoPE at 2048: the fastest of 16-512)
 
     def __init__(self, encoding: encodings.Encoding, pos: torch.Tensor, window: Optional[int], max_mask_bytes: int,
                  batch: int = 1):
@@ -182,6 +183,10 @@ class AttentionPlan:
     def _rows(self, T: int, max_mask_bytes: int, batch: int, mask_cells: int) -> int:
         """Queries per chunk: as many as keep a chunk's masks (``mask_cells`` 4-byte values per query-key pair),
         logits or parts within ``max_mask_bytes``, capped by the path's own chunk size."""
+        if self.path == "logits" and torch.is_grad_enabled():
+            # training: autograd keeps every chunk's tensors for backward whatever their size, so the budget
+            # bounds nothing there; the chunk size is the fastest one
+            return min(T, self.TRAIN_LOGIT_ROWS)
         logits = self.encoding.n_heads * batch * self.LOGIT_TENSORS  # whole (B, H, q, k) logits
         cell = 4 * {"parts": self.PART_TENSORS, "logits": logits, "sinks": logits}.get(self.path, mask_cells)
         if self.sinks:  # a chunk of q queries has at most S + W - 1 + q keys: the largest q that fits

@@ -152,7 +152,8 @@ def test_chunked_attention_equals_one_chunk_and_window_masks_the_count():
         for m in (whole, chunked):
             m.encoding.pos_emb.normal_(generator=torch.Generator().manual_seed(1))
         assert torch.allclose(whole(x), chunked(x), atol=1e-5)
-    assert len(AttentionPlan(chunked.encoding, torch.arange(64), None, 1 << 12, batch=2).chunks) > 1
+    with torch.no_grad():
+        assert len(AttentionPlan(chunked.encoding, torch.arange(64), None, 1 << 12, batch=2).chunks) > 1
 
 
 def chunk_mask(Q, K, window=None):
@@ -202,15 +203,16 @@ def gradients(model, x):
 
 
 @pytest.mark.parametrize("shared,window", [(False, None), (True, None), (False, 10)])
-def test_every_gradient_of_a_chunked_model_equals_autograd_through_the_definition(shared, window):
+def test_every_gradient_of_a_chunked_model_equals_autograd_through_the_definition(monkeypatch, shared, window):
     """The model's chunks (several query chunks, keys from before them; a sliding window; per-layer or one
     shared table, trained away from zero) through CoPEAttention and through today's autograd path."""
+    monkeypatch.setattr(AttentionPlan, "TRAIN_LOGIT_ROWS", 16)  # training chunks: 16 queries
     cfg = ModelConfig(d_model=32, n_layers=2, n_heads=4, encoding_options={"cope": {"shared": shared}})
     models = [DecoderLM(cfg, "cope", 16, seed=0, window=window, max_mask_bytes=1 << 13) for _ in range(2)]
     models[0].encoding.has_attention_output = False  # the reference: softmax(attention_logits) @ v by autograd
     assert CoPE.has_attention_output and models[1].encoding.for_layer(1).has_attention_output
     x = torch.randint(0, 256, (2, 41), generator=torch.Generator().manual_seed(4))
-    assert len(AttentionPlan(models[1].encoding, torch.arange(40), window, 1 << 13, batch=2).chunks) > 2
+    assert len(AttentionPlan(models[1].encoding, torch.arange(40), window, 1 << 13, batch=2).chunks) > 2  # training
     for m in models:
         with torch.no_grad():
             m.encoding.pos_emb.normal_(generator=torch.Generator().manual_seed(1))

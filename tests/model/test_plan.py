@@ -157,3 +157,15 @@ def test_sink_window_needs_exactly_one_window_and_names_the_row():
 def test_cache_positions_stop_at_the_last_slot_of_the_cache():
     assert cache_positions(torch.arange(16), 4, 8).tolist() == list(range(12)) + [11] * 4
     assert cache_positions(torch.arange(20).view(2, 10), 2, 3).tolist() == [[0, 1, 2, 3, 4] + [4] * 5, [4] * 10]
+
+
+def test_the_logits_path_trains_in_chunks_of_its_own_size_whatever_the_budget():
+    """In training autograd keeps every chunk's tensors, so the budget bounds nothing: TRAIN_LOGIT_ROWS queries
+    a chunk; in evaluation the budget sizes them."""
+    enc = encodings.build("cope", d_model=32, n_heads=4, train_len=32)
+    pos = torch.arange(1000)
+    with torch.enable_grad():
+        plan = AttentionPlan(enc, pos, None, 1 << 12)
+    assert {qe - qs for qs, qe, _ in plan.chunks} == {AttentionPlan.TRAIN_LOGIT_ROWS, 1000 % AttentionPlan.TRAIN_LOGIT_ROWS}
+    with torch.no_grad():
+        assert max(qe - qs for qs, qe, _ in AttentionPlan(enc, pos, None, 1 << 12).chunks) == 1
