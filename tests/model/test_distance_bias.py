@@ -120,3 +120,25 @@ def test_the_kernel_path_is_training_only():
     with torch.enable_grad():
         plan = AttentionPlan(enc, torch.arange(100), None, 64 << 20)
     assert plan.path == "distance_bias" and plan.distance_bias.shape == (4, 100)  # one value per distance
+
+
+@pytest.mark.parametrize("rows", [3, 64])
+def test_a_distance_table_on_per_sequence_positions_sums_dS_by_position_difference(monkeypatch, rows):
+    """+rand: bias(i, j) = r[h, min(pos_i - pos_j, W)] with each sequence's own sorted positions; r's gradient is
+    dS summed over the pairs whose positions are d apart (the distances past W in r[h, W])."""
+    monkeypatch.setattr(distance_bias, "ROWS", rows)
+    g, q, k, v, i, j, visible = _chunk(24, 10, 20, rows)
+    B, H = q.shape[:2]
+    W = 60
+    k_pos = torch.stack([torch.randperm(200, generator=g)[:34].sort().values for _ in range(B)])  # keys: tokens 10-43
+    q_pos = k_pos[:, 14:]  # queries: tokens 24-43
+    r = torch.randn(H, W + 1, generator=g, requires_grad=True)
+    distance = (q_pos[:, :, None] - k_pos[:, None, :]).clamp(0, W)  # (B, Tq, Tk)
+    mask = r[:, distance].transpose(0, 1).masked_fill(~visible, float("-inf"))  # (B, H, Tq, Tk)
+    want = _textbook(q, k, v, mask)
+    got = distance_bias.bias_attention(q, k, v, mask.detach(), q.shape[-1] ** -0.5, 24, 10, r=r, positions=(q_pos, k_pos))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    grad_out = torch.randn(want.shape, generator=g)
+    for name, a, b in zip("qkvr", torch.autograd.grad(got, (q, k, v, r), grad_out),
+                          torch.autograd.grad(want, (q, k, v, r), grad_out)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
