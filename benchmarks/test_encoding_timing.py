@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from posenc_bench import encodings
+from posenc_bench.bench.eval.memory import bias_as_mask
 from posenc_bench.encodings.absolute import sinusoidal_table
 from posenc_bench.encodings.rope import default_inv_freq, rope_cos_sin_halves
 from posenc_bench.model.plan import AttentionPlan
@@ -57,7 +58,7 @@ def test_attention_forward(benchmark, attn_length, fast, name):
     layer = CausalSelfAttention(ModelConfig(d_model=d, n_heads=H, n_layers=1)).eval()
     enc = encodings.build(name.split()[0], d_model=d, n_heads=H, train_len=attn_length)
     if name.endswith("(explicit bias)"):
-        enc.has_low_rank_bias = False
+        bias_as_mask(enc)
     pos = torch.arange(attn_length)
     x = enc.embed(torch.randn(1, attn_length, d), pos)
 

@@ -249,3 +249,20 @@ def pair_score_mod(bias_at: Callable, q_pos: torch.Tensor, k_pos: torch.Tensor) 
     if q_pos.dim() == 1:
         return lambda score, b, h, q_idx, kv_idx: score + bias_at(h, q_pos[q_idx], k_pos[kv_idx])
     return lambda score, b, h, q_idx, kv_idx: score + bias_at(h, q_pos[b, q_idx], k_pos[b, kv_idx])
+
+
+def toeplitz_bias(values, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """(1, H, Tq, Tk) bias whose entry (a, b) is values(d)[:, a, b] for d = q_pos[a] - k_pos[b] >= 0 (0 for
+    future keys, which the mask hides). ``values`` maps distances (N,) to (H, N). Consecutive positions need
+    one value per distance (a line of Tq + Tk - 1, read as a Toeplitz view, then one copy that flips it into
+    place); others, every pair. KERPLE's kernel and T5's buckets are read this way."""
+    Tq, Tk = q_pos.shape[-1], k_pos.shape[-1]
+    q0, k0 = consecutive_start(q_pos), consecutive_start(k_pos)  # memoized: no host sync for the model's positions
+    if q0 is not None and k0 is not None:
+        d = q0 - k0 + torch.arange(-(Tk - 1), Tq, device=q_pos.device)
+        line = values(d.clamp(min=0))  # (H, Tq + Tk - 1): line[h, a + c] is distance a - (Tk - 1 - c)
+        toeplitz = line.as_strided((line.shape[0], Tq, Tk), (line.stride(0), 1, 1))
+        return toeplitz.flip(-1).unsqueeze(0)  # (1, H, Tq, Tk)
+    distance = (q_pos[..., :, None] - k_pos[..., None, :]).clamp(min=0)  # (Tq, Tk) or (B, Tq, Tk)
+    out = values(distance.reshape(-1)).view(-1, *distance.shape)  # (H, [B,] Tq, Tk)
+    return out.unsqueeze(0) if distance.dim() == 2 else out.transpose(0, 1)  # (1 or B, H, Tq, Tk)

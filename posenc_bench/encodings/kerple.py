@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc_bench.encodings.base import Encoding, consecutive_start, pair_score_mod
+from posenc_bench.encodings.base import Encoding, pair_score_mod, toeplitz_bias
 from posenc_bench.encodings.registry import register
 
 EPS = 0.01  # the authors' lower bound on r1, r2
@@ -34,21 +34,6 @@ EPS = 0.01  # the authors' lower bound on r1, r2
 
 def _inverse_softplus(y: torch.Tensor) -> torch.Tensor:
     return y + torch.log(-torch.expm1(-y))
-
-
-def toeplitz_bias(values, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-    """(1, H, Tq, Tk) bias whose entry (a, b) is values(d)[:, a, b] for d = q_pos[a] - k_pos[b] >= 0 (0 for
-    future keys, which the mask hides). ``values`` maps distances (N,) to (H, N). Consecutive positions need
-    one value per distance (a line of Tq + Tk - 1, read as a Toeplitz view); others, every pair."""
-    Tq, Tk = q_pos.shape[-1], k_pos.shape[-1]
-    if q_pos.dim() == 1 and Tq and Tk and consecutive_start(q_pos) is not None and consecutive_start(k_pos) is not None:
-        d = int(q_pos[0]) - int(k_pos[0]) + torch.arange(-(Tk - 1), Tq, device=q_pos.device)
-        line = values(d.clamp(min=0))  # (H, Tq + Tk - 1): line[h, a + c] is distance a - (Tk - 1 - c)
-        toeplitz = line.as_strided((line.shape[0], Tq, Tk), (line.stride(0), 1, 1))
-        return toeplitz.flip(-1).unsqueeze(0)  # (1, H, Tq, Tk)
-    distance = (q_pos[..., :, None] - k_pos[..., None, :]).clamp(min=0)  # (Tq, Tk) or (B, Tq, Tk)
-    out = values(distance.reshape(-1)).view(-1, *distance.shape)  # (H, [B,] Tq, Tk)
-    return out.unsqueeze(0) if distance.dim() == 2 else out.transpose(0, 1)  # (1 or B, H, Tq, Tk)
 
 
 class _Kerple(Encoding):

@@ -14,7 +14,7 @@ import math
 import torch
 from torch import nn
 
-from posenc_bench.encodings.base import Encoding, pair_score_mod
+from posenc_bench.encodings.base import Encoding, pair_score_mod, toeplitz_bias
 from posenc_bench.encodings.registry import register
 
 
@@ -29,10 +29,6 @@ def relative_position_bucket(relative_position: torch.Tensor, num_buckets: int =
     large = max_exact + (log_ratio * (num_buckets - max_exact)).to(torch.long)
     large = large.clamp(max=num_buckets - 1)
     return torch.where(is_small, distance, large)
-
-
-def _consecutive(pos: torch.Tensor) -> bool:
-    return torch.equal(pos, torch.arange(int(pos[0]), int(pos[0]) + pos.shape[0], device=pos.device, dtype=pos.dtype))
 
 
 @register("t5")
@@ -61,16 +57,7 @@ class T5Bias(Encoding):
         # buckets depend only on the distance, and all distances >= max_distance share the last one: look the
         # (H, max_distance + 1) values up by clamped distance instead of bucketing Tq x Tk entries
         r = self.distance_bias(0)  # (H, max_distance + 1)
-        Tq, Tk = q_pos.shape[0], k_pos.shape[0]
-        if Tq and Tk and _consecutive(q_pos) and _consecutive(k_pos):
-            # bias[h, a, b] depends on a - b only: one line of Tq + Tk - 1 values, read as a Toeplitz view
-            # (line[h, a + c] with c = Tk - 1 - b), then one copy that flips c back to b
-            d = int(q_pos[0]) - int(k_pos[0]) + torch.arange(-(Tk - 1), Tq, device=q_pos.device)
-            line = r[:, d.clamp(0, self.max_distance)]  # (H, Tq + Tk - 1)
-            toeplitz = line.as_strided((r.shape[0], Tq, Tk), (line.stride(0), 1, 1))
-            return toeplitz.flip(-1).unsqueeze(0)  # (1, H, Tq, Tk)
-        distance = (q_pos[:, None] - k_pos[None, :]).clamp(0, self.max_distance)  # (Tq, Tk); future keys -> 0
-        return r[:, distance].unsqueeze(0)  # (1, H, Tq, Tk)
+        return toeplitz_bias(lambda d: r[:, d.clamp(max=self.max_distance)], q_pos, k_pos)  # (1, H, Tq, Tk)
 
     def distance_bias(self, length: int) -> torch.Tensor:
         """r (H, max_distance + 1): the bias at distances 0 .. max_distance; every larger distance shares the

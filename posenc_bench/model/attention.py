@@ -82,33 +82,6 @@ PATHS = {"fused": sdpa_attention, "mask": sdpa_attention, "folded": folded_atten
          "flex": flex.flex_attention_path}
 
 
-class _Spans(torch.autograd.Function):
-    """x[:, :, a:b] for each span (a, b) of dim 2, with one backward for all: the spans' gradients added into one
-    zero tensor. Autograd's own slicing gives every span's gradient as a whole zero tensor of x's size and then
-    adds those up, three passes over x per query chunk for each of q, k and v."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, spans: tuple[tuple[int, int], ...]):
-        ctx.spans, ctx.shape = spans, x.shape
-        return tuple(x[:, :, a:b] for a, b in spans)
-
-    @staticmethod
-    def backward(ctx, *grads):
-        dx = torch.zeros(ctx.shape, dtype=grads[0].dtype if grads[0] is not None else torch.float32,
-                         device=next(g for g in grads if g is not None).device)
-        for (a, b), g in zip(ctx.spans, grads):
-            if g is not None:
-                dx[:, :, a:b] += g
-        return dx, None
-
-
-def _spans(x: torch.Tensor, spans: list[tuple[int, int]]) -> list[torch.Tensor]:
-    """x[:, :, a:b] per span; through ``_Spans`` where a gradient will flow through several of them."""
-    if len(spans) > 1 and x.requires_grad:
-        return list(_Spans.apply(x, tuple(spans)))
-    return [x[:, :, a:b] for a, b in spans]
-
-
 def attend(encoding: encodings.Encoding, plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
            scale: float) -> torch.Tensor:
     """Attention of one layer along ``plan``: q, k, v (B, H, T, D) before the encoding's rotation -> (B, H, T, D).
@@ -119,15 +92,10 @@ def attend(encoding: encodings.Encoding, plan: AttentionPlan, q: torch.Tensor, k
     raw = q, k  # the sink path rotates queries again, at their cache positions
     q, k = encoding.rotate(q, k, plan.pos)
     path = PATHS[plan.path]
-    if plan.sinks:  # a chunk's keys are the sinks then its window: two ranges
-        qc = [q[:, :, qs:qe] for qs, qe, _ in plan.chunks]
-        kc, vc = ([plan.chunk_keys(i, x, 2) for i in range(len(plan.chunks))] for x in (k, v))
-    else:
-        qc = _spans(q, [(qs, qe) for qs, qe, _ in plan.chunks])
-        kc, vc = (_spans(x, [(ks, qe) for _, qe, ks in plan.chunks]) for x in (k, v))
     outs = []
-    for i in range(len(plan.chunks)):
+    for i, (qs, qe, _) in enumerate(plan.chunks):
         mask = plan.mask(i, q.dtype)  # None (a causal chunk) or (1 or B, H or 1, qe - qs, p + qe - ks)
-        chunk = Chunk(i, qc[i], kc[i], vc[i], mask, scale, raw, encoding)
+        chunk = Chunk(i, q[:, :, qs:qe], plan.chunk_keys(i, k, 2), plan.chunk_keys(i, v, 2), mask, scale, raw,
+                      encoding)
         outs.append(path(plan, chunk)[..., :D])
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, H, T, D)

@@ -56,8 +56,7 @@ def query_chunks(T: int, size: int, window: Optional[int], block: Optional[int])
 
 class Facts(NamedTuple):
     """A forward's facts that choose its path: the window and S ``sinks`` (``sink_window``), the ``block`` of
-    blockwise attention, whether gradients are on, whether positions are (B, T) (``batched``), whether this
-    device has the flash kernel that trains a learned bias (``bias_kernel``: ``distance_bias.supported``),
+    blockwise attention, whether gradients are on, whether this device has the flash kernel that trains a learned bias (``bias_kernel``: ``distance_bias.supported``),
     whether it folds a low-rank bias (``fold``, ``FOLD_DEVICES``), and whether it runs FlexAttention (``flex``,
     ``FLEX_DEVICES``)."""
 
@@ -65,7 +64,6 @@ class Facts(NamedTuple):
     block: Optional[int] = None
     sinks: int = 0
     grad: bool = False
-    batched: bool = False
     bias_kernel: bool = False
     fold: bool = True
     flex: bool = False
@@ -154,9 +152,9 @@ class AttentionPlan:
         # token indices for causality and windows: the positions themselves when they are the plain (T,) ones
         self.index = pos if pos.dim() == 1 else torch.arange(T, device=pos.device)
         self.block = encoding.attention_block(T)
-        grad, batched = torch.is_grad_enabled(), pos.dim() == 2
+        grad = torch.is_grad_enabled()
         self.path = choose_path(encoding, Facts(window=self.window, block=self.block, sinks=self.sinks, grad=grad,
-                                                batched=batched, bias_kernel=encoding.bias_kernel and distance_bias.supported(pos),
+                                                bias_kernel=encoding.bias_kernel and distance_bias.supported(pos),
                                                 fold=pos.device.type in FOLD_DEVICES,
                                                 flex=pos.device.type in FLEX_DEVICES))
         # r (H, W + 1) carrying the gradient on the distance_bias path; not built at all elsewhere

@@ -231,7 +231,7 @@ def _declaring(*flags):
 
 @pytest.mark.parametrize("flags,facts,path", [
     (("has_bias", "has_score_mod"), {"flex": True}, "flex"),
-    (("has_bias", "has_score_mod"), {"flex": True, "window": 8, "grad": True, "batched": True, "block": 16}, "flex"),
+    (("has_bias", "has_score_mod"), {"flex": True, "window": 8, "grad": True, "block": 16}, "flex"),
     (("has_bias", "has_score_mod"), {"flex": False}, "mask"),  # the CPU: no FlexAttention backward
     (("has_bias",), {"flex": True}, "mask"),  # no score_mod: the bias mask
     (("has_bias", "has_low_rank_bias", "has_score_mod"), {"flex": True, "fold": False}, "flex"),  # ALiBi on CUDA

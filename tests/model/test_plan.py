@@ -15,7 +15,7 @@ from posenc_bench.model.plan import AttentionPlan, Facts, cache_positions, choos
 from posenc_bench.model.transformer import DecoderLM, ModelConfig
 
 CAPABILITIES = ("has_bias", "has_low_rank_bias", "has_distance_bias", "has_attention_logits", "has_attention_parts")
-FACTS = {"window": None, "block": None, "sinks": 0, "grad": False, "batched": False, "bias_kernel": False}
+FACTS = {"window": None, "block": None, "sinks": 0, "grad": False, "bias_kernel": False}
 BIAS, LOW_RANK, DISTANCE, LOGITS, PARTS = CAPABILITIES
 
 
@@ -26,28 +26,27 @@ def declaring(*flags):
 
 @pytest.mark.parametrize("flags,facts,path", [
     ((), {}, "fused"),
-    ((), {"grad": True, "batched": True}, "fused"),  # +rand training: positions do not choose the path
+    ((), {"grad": True}, "fused"),  # training
     ((), {"window": 8}, "mask"),
     ((), {"block": 32}, "mask"),
     ((), {"sinks": 4, "window": 8}, "sinks"),
     ((BIAS,), {}, "mask"),
     ((BIAS, LOW_RANK), {}, "folded"),
-    ((BIAS, LOW_RANK), {"window": 8, "grad": True, "batched": True}, "folded"),
+    ((BIAS, LOW_RANK), {"window": 8, "grad": True}, "folded"),
     ((BIAS, LOW_RANK), {"sinks": 2, "window": 8}, "sinks"),  # the sinks' bias needs the mask
     ((BIAS, LOW_RANK), {"fold": False}, "mask"),  # CUDA: the bias mask is faster than folding there
-    ((BIAS, LOW_RANK), {"fold": False, "grad": True, "batched": True}, "mask"),
-    # a learned bias trains on the kernel where the device has it (CPU flash): a distance table with (T,) positions
-    # and no blocks on the distance_bias path, any other bias on bias_grad; otherwise it is a mask like any bias
+    ((BIAS, LOW_RANK), {"fold": False, "grad": True}, "mask"),
+    # a learned bias trains on the kernel where the device has it (CPU flash): a distance table without blocks on
+    # the distance_bias path (on (T,) or per-sequence positions), any other bias on bias_grad; else a mask
     ((BIAS, DISTANCE), {"grad": True, "bias_kernel": True}, "distance_bias"),
     ((BIAS, DISTANCE), {"grad": True, "bias_kernel": True, "window": 200}, "distance_bias"),
     ((BIAS, DISTANCE), {"bias_kernel": True}, "mask"),  # evaluation
     ((BIAS, DISTANCE), {"grad": True}, "mask"),  # no kernel on this device
-    ((BIAS, DISTANCE), {"grad": True, "bias_kernel": True, "batched": True}, "distance_bias"),
     ((BIAS, DISTANCE), {"grad": True, "bias_kernel": True, "block": 64}, "mask"),
     ((BIAS, DISTANCE), {"grad": True, "bias_kernel": True, "sinks": 1, "window": 5}, "sinks"),
     ((BIAS, DISTANCE, LOW_RANK), {"grad": True, "bias_kernel": True}, "folded"),
     ((BIAS,), {"grad": True, "bias_kernel": True}, "bias_grad"),
-    ((BIAS,), {"grad": True, "bias_kernel": True, "batched": True, "window": 8}, "bias_grad"),
+    ((BIAS,), {"grad": True, "bias_kernel": True, "window": 8}, "bias_grad"),
     ((BIAS,), {"grad": True}, "mask"),
     ((DISTANCE,), {"grad": True, "bias_kernel": True}, "fused"),  # no bias declared: nothing to train
     ((LOGITS,), {}, "logits"),

@@ -39,10 +39,15 @@ def build_model(name: str, explicit: bool, train_len: int, device: torch.device)
     taken as the straightforward (1, H, q, k) bias mask through SDPA instead of its own path."""
     model = DecoderLM(ModelConfig(), name, train_len, seed=0).to(device)
     if explicit:
-        model.encoding.has_low_rank_bias = False
-        model.encoding.has_distance_bias = False
-        model.encoding.bias_kernel = False
+        bias_as_mask(model.encoding)
     return model
+
+
+def bias_as_mask(encoding) -> None:
+    """Send ``encoding``'s bias through SDPA as the straightforward (1, H, q, k) float mask on every device and
+    in training too: no folding into q/k channels, no FlexAttention, no bias kernel (the "explicit bias" rows of
+    ``posenc-bench time``, the reference its own paths are measured against)."""
+    encoding.has_low_rank_bias = encoding.has_score_mod = encoding.bias_kernel = False
 
 
 def step_loss(model, batch: torch.Tensor) -> torch.Tensor:

@@ -233,7 +233,7 @@ def attention_rows(tc: TimingConfig, device: torch.device, dtype: torch.dtype, l
         enc = encodings.build(name, d_model=d, n_heads=H, train_len=length // 4 if name in fixes else length).to(device)
         enc.set_eval_length(length)
         if explicit:
-            enc.has_low_rank_bias = False  # the straightforward (1, H, q, k) bias mask, for comparison
+            eval_memory.bias_as_mask(enc)  # the straightforward (1, H, q, k) bias mask, for comparison
         h = enc.embed(x, pos)
 
         def fwd(enc=enc, h=h):
