@@ -101,6 +101,10 @@ class CoPEAttention(torch.autograd.Function):
         p = g.flip(-1).cumsum_(-1).flip(-1)  # p_ij = sum_{t >= j} g_it
         if n == npos:  # a count can pass the last position only when there are that many keys
             p.clamp_(max=npos - 1)
+        if p.device.type == "cpu" and K:  # only the positions the counts reach (a host read: free on the CPU)
+            # p falls along a row (gates >= 0), so a row's largest count is at its first key; floor p + 1 is the
+            # last column read (the last one, npos - 1, only where p is clamped to it, with d = 0 there)
+            n = min(n, int(p[..., 0].max()) + 2)
         floor = p.long()  # p >= 0: truncation is the floor
         w = p.frac_()
         fixed = qf @ (tf[:, :n] * scale)  # (B, H, q, n): s q . e[m] for every reachable integer position m

@@ -82,6 +82,11 @@ PATHS = {"fused": sdpa_attention, "mask": sdpa_attention, "folded": folded_atten
          "flex": flex.flex_attention_path}
 
 
+# The paths whose own matmuls read each chunk's q, k, v as (B H, n, D) batches: (B, H, T, D) contiguous, a
+# chunk's keys (a slice along T) merge their batch and head dimensions without a copy
+CONTIGUOUS_PATHS = ("logits", "distance_bias", "bias_grad")
+
+
 def attend(encoding: encodings.Encoding, plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
            scale: float) -> torch.Tensor:
     """Attention of one layer along ``plan``: q, k, v (B, H, T, D) before the encoding's rotation -> (B, H, T, D).
@@ -91,6 +96,8 @@ def attend(encoding: encodings.Encoding, plan: AttentionPlan, q: torch.Tensor, k
     D = q.shape[-1]
     raw = q, k  # the sink path rotates queries again, at their cache positions
     q, k = encoding.rotate(q, k, plan.pos)
+    if plan.path in CONTIGUOUS_PATHS:  # one copy per layer, not one per chunk and matmul of strided views
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     path = PATHS[plan.path]
     outs = []
     for i, (qs, qe, _) in enumerate(plan.chunks):

@@ -94,29 +94,36 @@ def tiled_backward(q, k, v, mask, out, lse, grad_out, scale: float, offset: int,
     chunk sees local keys [0, a + offset] at most, so a block's keys stop at its last row's."""
     B, H, Tq, D = q.shape
     Tk = k.shape[2]
-    delta = (grad_out * out).sum(-1, keepdim=True)  # (B, H, Tq, 1): dO_i . O_i
-    dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    # (B H, T, D) contiguous once, so that each block's matmuls read their operands in place and accumulate
+    # into dk, dv in place (baddbmm): no per-block copies of strided 4-D operands, no separate += pass
+    q3, k3, v3, g3 = q.reshape(-1, Tq, D), k.reshape(-1, Tk, D), v.reshape(-1, Tk, D), grad_out.reshape(-1, Tq, D)
+    delta = (grad_out * out).sum(-1, keepdim=True).reshape(-1, Tq, 1)  # (B H, Tq, 1): dO_i . O_i
+    dq = torch.empty(B * H, Tq, D, dtype=q.dtype)
+    dk, dv = torch.zeros(B * H, Tk, D, dtype=k.dtype), torch.zeros(B * H, Tk, D, dtype=v.dtype)
     dmask = torch.empty(mask.shape, dtype=mask.dtype) if want_mask else None
     n_distances = table if positions is not None else Tk + offset if Tq else 0
     diagonals = torch.zeros(H, n_distances, dtype=torch.float32) if want_diagonals else None
-    q2 = q * (scale * LOG2E)  # logits in log2 units straight from the product
-    lse2 = lse * LOG2E
+    q2 = q3 * (scale * LOG2E)  # logits in log2 units straight from the product
+    lse2 = (lse * LOG2E).reshape(-1, Tq, 1)
     for a0 in range(0, Tq, ROWS):
         a1 = min(Tq, a0 + ROWS)
         n, cols = a1 - a0, min(Tk, a1 + offset)  # keys [0, cols): the last row's and every earlier one
-        kb, vb, qb, gb = k[:, :, :cols], v[:, :, :cols], q[:, :, a0:a1], grad_out[:, :, a0:a1]
-        p = q2[:, :, a0:a1] @ kb.transpose(-1, -2)  # (B, H, n, cols), then P = 2^(s log2 e - lse log2 e) in place
-        p.add_(mask[:, :, a0:a1, :cols], alpha=LOG2E).sub_(lse2[:, :, a0:a1, None]).exp2_()
-        dv[:, :, :cols] += p.transpose(-1, -2) @ gb
-        ds = gb @ vb.transpose(-1, -2)  # dP (B, H, n, cols), then dS in place
-        ds.sub_(delta[:, :, a0:a1]).mul_(p)
-        torch.matmul(ds, kb, out=dq[:, :, a0:a1]).mul_(scale)
-        dk[:, :, :cols] += (ds.transpose(-1, -2) @ qb).mul_(scale)
+        kb, vb, qb, gb = k3[:, :cols], v3[:, :cols], q3[:, a0:a1], g3[:, a0:a1]
+        p = torch.bmm(q2[:, a0:a1], kb.transpose(1, 2))  # (B H, n, cols), then P = 2^(s log2 e - lse log2 e)
+        p.view(B, H, n, cols).add_(mask[:, :, a0:a1, :cols], alpha=LOG2E)
+        p.sub_(lse2[:, a0:a1]).exp2_()
+        dv[:, :cols].baddbmm_(p.transpose(1, 2), gb)
+        # dP (B H, n, cols), then dS in place; straight into the mask's gradient where it has one per sequence
+        into = want_mask and mask.shape[0] == B and B * H > 0
+        ds = dmask[:, :, a0:a1, :cols].flatten(0, 1) if into else torch.empty(B * H, n, cols, dtype=p.dtype)
+        ds.baddbmm_(gb, vb.transpose(1, 2), beta=0)
+        ds.sub_(delta[:, a0:a1]).mul_(p)
+        dq[:, a0:a1].baddbmm_(ds, kb, beta=0, alpha=scale)
+        dk[:, :cols].baddbmm_(ds.transpose(1, 2), qb, alpha=scale)
+        ds = ds.view(B, H, n, cols)
         if want_mask:  # one mask for the batch gets the batch's sum; keys past the block's last row: dS = 0
-            if mask.shape[0] == 1:
+            if not into:
                 torch.sum(ds, 0, keepdim=True, out=dmask[:, :, a0:a1, :cols])
-            else:
-                dmask[:, :, a0:a1, :cols] = ds
             dmask[:, :, a0:a1, cols:] = 0
         if want_diagonals and positions is not None:  # distance index of every pair, per sequence
             q_pos, k_pos = positions
@@ -132,6 +139,7 @@ def tiled_backward(q, k, v, mask, out, lse, grad_out, scale: float, offset: int,
             torch.sum(ds, 0, out=E[:, :, n - 1:])
             band = E.as_strided((H, n, cols), (n * width, width + 1, 1))
             diagonals[:, a0 + offset + n - cols:a0 + offset + n] += band.sum(1).flip(-1)
+    dq, dk, dv = dq.view(B, H, Tq, D), dk.view(B, H, Tk, D), dv.view(B, H, Tk, D)
     return dq, dk, dv, dmask, diagonals
 
 

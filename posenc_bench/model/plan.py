@@ -138,7 +138,7 @@ class AttentionPlan:
     """
 
     FOLD_ROWS = 256
-    BIAS_ROWS = 512  # query chunk of a learned bias in training (distance_bias.py)
+    BIAS_ROWS = 256  # query chunk of a learned bias in training (distance_bias.py)
     LOGIT_TENSORS = 8  # (B, H, q, k) float tensors a logits or sinks chunk may hold at once (CoPE: ~6)
     PART_TENSORS = 8  # (q, k) 4-byte tensors of a parts chunk: masks, pairs, distances (int64: 2)
     TRAIN_LOGIT_ROWS = 128  # query chunk of the logits path in training (CoPE at 2048: the fastest of 16-512)
@@ -185,6 +185,8 @@ class AttentionPlan:
             # training: autograd keeps every chunk's tensors for backward whatever their size, so the budget
             # bounds nothing there; the chunk size is the fastest one
             return min(T, self.TRAIN_LOGIT_ROWS)
+        if self.path in ("distance_bias", "bias_grad"):  # training, whose masks are kept for backward anyway
+            return min(T, self.BIAS_ROWS)
         logits = self.encoding.n_heads * batch * self.LOGIT_TENSORS  # whole (B, H, q, k) logits
         cell = 4 * {"parts": self.PART_TENSORS, "logits": logits, "sinks": logits}.get(self.path, mask_cells)
         if self.sinks:  # a chunk of q queries has at most S + W - 1 + q keys: the largest q that fits
@@ -242,7 +244,9 @@ class AttentionPlan:
             mask = torch.zeros(1, 1, *allowed.shape, device=self.pos.device)
         else:
             mask = bias.float()  # a new tensor (``Encoding.bias``): the mask is written into it
-        mask.masked_fill_(~allowed, float("-inf"))  # (1 or B, H or 1, q, k)
+        # (1 or B, H or 1, q, k); filled outside autograd: attention's gradient at a -inf logit is 0 (its
+        # probability is), so a learned bias's gradient needs no masking pass of its own
+        mask.detach().masked_fill_(~allowed, float("-inf"))
         if self._keep_masks:
             self._masks[i] = mask
         return mask.to(dtype)

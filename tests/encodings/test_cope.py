@@ -196,6 +196,29 @@ def test_the_hand_written_backward_equals_autograd_through_the_definition(Q, K, 
         torch.testing.assert_close(cope_attention(table, q, k, v, mask, scale), results[0][0], rtol=0, atol=1e-6)
 
 
+def test_counts_that_stay_short_of_the_keys_read_and_train_only_the_columns_they_reach():
+    # gates near 0 but for every 8th key: a row of 64 keys counts to about 8, so the forward reads ~10 columns
+    # of a 65-column table (on the CPU it computes only those); values and gradients equal the definition's
+    g = torch.Generator().manual_seed(7)
+    B, H, D, Q, K, npos = 2, 2, 8, 8, 64, 65
+    q, k, v = (torch.randn(B, H, n, D, generator=g) * 0.1 for n in (Q, K, K))
+    q[..., 0], k[..., 0] = 6.0, -6.0
+    k[:, :, ::8, 0] = 6.0  # open gates
+    table = torch.randn(D, npos, generator=g)
+    mask, scale, dout = chunk_mask(Q, K), D ** -0.5, torch.randn(B, H, Q, D, generator=g)
+    counts = torch.sigmoid(q @ k.transpose(-1, -2) * scale).mul(torch.isfinite(mask)).sum(-1)
+    assert 6 < counts.max() < 12
+    results = []
+    for attention in (by_autograd, cope_attention):
+        inputs = [x.clone().requires_grad_() for x in (table, q, k, v)]
+        out = attention(*inputs, mask, scale)
+        results.append((out, *torch.autograd.grad(out, inputs, dout)))
+    for name, want, got in zip(("out", "table", "q", "k", "v"), *results):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=name)
+    reached = int(counts.max()) + 2
+    assert results[1][1][:, :reached].abs().sum() > 0 and not results[1][1][:, reached:].any()
+
+
 def gradients(model, x):
     loss = F.cross_entropy(model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
     names, params = zip(*model.named_parameters())

@@ -110,9 +110,20 @@ def test_plan_uses_fused_causal_path_only_without_bias_and_window():
 def test_chunked_mask_memory_is_bounded():
     cfg = ModelConfig(d_model=32, n_layers=1, n_heads=4)
     enc = DecoderLM(cfg, "t5", 16).encoding
-    plan = AttentionPlan(enc, torch.arange(2048), None, 1 << 20)
-    biggest = max(plan.mask(i, torch.float32).numel() * 4 for i in range(len(plan.chunks)))
-    assert biggest <= 1 << 20  # vs 4 * 2048 * 2048 * 4 = 64 MiB for the full matrix
+    with torch.no_grad():  # evaluation: the mask path, one chunk's mask alive at a time
+        plan = AttentionPlan(enc, torch.arange(2048), None, 1 << 20)
+        biggest = max(plan.mask(i, torch.float32).numel() * 4 for i in range(len(plan.chunks)))
+    assert plan.path == "mask" and biggest <= 1 << 20  # vs 4 * 2048 * 2048 * 4 = 64 MiB for the full matrix
+
+
+@pytest.mark.parametrize("name", ["t5", "fire", "fire+rand"])
+def test_training_bias_chunks_are_bias_rows_whatever_the_budget(name):
+    # training keeps every chunk's mask for backward anyway: the budget bounds nothing, the chunk is the fastest
+    enc = DecoderLM(ModelConfig(d_model=32, n_layers=1, n_heads=4), name, 16).encoding
+    pos = enc.positions(2, 1024, torch.device("cpu")) if enc.batched_positions and name.endswith("+rand") else torch.arange(1024)
+    plan = AttentionPlan(enc, pos, None, 1 << 10, batch=2)
+    assert plan.path in ("distance_bias", "bias_grad")
+    assert [c[:2] for c in plan.chunks] == [(a, a + AttentionPlan.BIAS_ROWS) for a in range(0, 1024, AttentionPlan.BIAS_ROWS)]
 
 
 def test_alibi_is_folded_into_qk_channels_and_builds_no_bias():
