@@ -67,8 +67,10 @@ class CoPEAttention(torch.autograd.Function):
     Autograd through ``cope_logits`` saves about ten (B, H, q, k) tensors per chunk (int64 floor and ceil
     among them) and runs a gather, scatter, flip or mask for every step of the definition; here the forward
     takes fewer passes over the (B, H, q, k) values (scale and mask inside the q . k product, the position
-    logit as lo + w d in one gather fewer, in-place updates, only the table's reachable columns: a count over
-    k keys is at most k) and saves five of them (P, the gates g, the fractions w, the floors, d). With
+    logit as lo + w d in one gather fewer, in-place updates, only the table's columns the counts reach: at
+    most k + 1 over k keys, on the CPU up to the chunk's largest count) and saves three of them (P, the gates
+    g, the counts p; backward takes floor p, its fraction w and d from p and the (q, n) differences again,
+    cheaper than holding them: every held byte is a fresh page on the next step). With
     L the logits, dL = P (dP - dout . out) the softmax backward, s the scale:
 
     - the position logit lo + w d, lo = fixed[floor p], d = fixed[floor p + 1] - fixed[floor p], fixed =
@@ -106,7 +108,7 @@ class CoPEAttention(torch.autograd.Function):
             # last column read (the last one, npos - 1, only where p is clamped to it, with d = 0 there)
             n = min(n, int(p[..., 0].max()) + 2)
         floor = p.long()  # p >= 0: truncation is the floor
-        w = p.frac_()
+        w = p - floor
         fixed = qf @ (tf[:, :n] * scale)  # (B, H, q, n): s q . e[m] for every reachable integer position m
         diff = torch.nn.functional.pad(fixed.diff(dim=-1), (0, 1))  # (B, H, q, n): e[m + 1] - e[m], 0 at the end
         d = diff.gather(-1, floor)
@@ -114,14 +116,20 @@ class CoPEAttention(torch.autograd.Function):
         P = torch.softmax(x, dim=-1)
         del x
         out = P.to(v.dtype) @ v
-        ctx.save_for_backward(q, k, v, table, out, P, g, w, floor, d)
+        # saved: P, the gates and the counts p, and the (q, n) differences; floor p, its fraction and the
+        # gathered difference are recomputed in backward (three passes there, half the memory held for it)
+        del floor, w, d, fixed
+        ctx.save_for_backward(q, k, v, table, out, P, g, p, diff)
         ctx.scale, ctx.n = scale, n
         return out
 
     @staticmethod
     def backward(ctx, dout: torch.Tensor):
-        q, k, v, table, out, P, g, w, floor, d = ctx.saved_tensors
+        q, k, v, table, out, P, g, p, diff = ctx.saved_tensors
         s, n = ctx.scale, ctx.n
+        floor = p.long()
+        d = diff.gather(-1, floor)
+        w = p.sub_(floor)  # the fraction, in place: p is not read again
         dtype = P.dtype
         qf, kf, vf, tf, dout = q.to(dtype), k.to(dtype), v.to(dtype), table.to(dtype), dout.to(dtype)
         dv = P.transpose(-1, -2) @ dout
