@@ -71,17 +71,50 @@ def mlp_pieces(mlp: nn.Sequential) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     return kinks, inside, slope, mlp(inside[:, None])
 
 
+class _PsiRatio(torch.autograd.Function):
+    """``FIRE.psi_ratio(i, j, c, L)`` for positions i (..., Tq, 1), j (..., 1, Tk): the same operations in
+    place, with a backward that holds only u and reduces each row to two sums. Autograd would keep four
+    (..., Tq, Tk) intermediates for c's and L's two scalar gradients. With num = log(|c| |i - j| + 1), den =
+    log(|c| N + 1) + eps, N = max(i, L):
+
+        du/dc = sgn(c) (|i - j| / (|c| |i - j| + 1) - u N / (|c| N + 1)) / den,
+        du/dL = -u |c| / (|c| N + 1) / den   where L > i (half where L = i, as ``torch.maximum``), else 0."""
+
+    @staticmethod
+    def forward(ctx, i, j, c, threshold):
+        normaliser = torch.maximum(i, threshold)  # (..., Tq, 1)
+        den = torch.log(torch.abs(c * normaliser) + 1) + EPS
+        u = (i - j).mul_(c).abs_().add_(1).log_().div_(den)  # FIRE.psi_ratio's operations, in place
+        ctx.save_for_backward(i, j, c, threshold, u, den)
+        return u
+
+    @staticmethod
+    def backward(ctx, du):
+        i, j, c, threshold, u, den = ctx.saved_tensors
+        ac = c.abs()
+        distance = (i - j).abs_()  # (..., Tq, Tk)
+        per_c = distance.div_(distance * ac + 1)  # |i - j| / (|c| |i - j| + 1)
+        r1 = (du * per_c).sum(-1, keepdim=True)  # (..., Tq, 1)
+        r2 = (du * u).sum(-1, keepdim=True)
+        normaliser = torch.maximum(i, threshold)
+        d_c = torch.sgn(c) * ((r1 - r2 * normaliser / (ac * normaliser + 1)) / den).sum()
+        route = (threshold > i).to(u.dtype) + 0.5 * (threshold == i).to(u.dtype)  # torch.maximum's gradient
+        d_threshold = -(r2 * ac / (ac * normaliser + 1) / den * route).sum()
+        return None, None, d_c.reshape(c.shape), d_threshold.reshape(threshold.shape)
+
+
 def pieces(u: torch.Tensor, kinks: torch.Tensor) -> torch.Tensor:
-    """``torch.bucketize(u, kinks)``: the number of kinks below each u (int64, u's shape). On the CPU counted
-    one kink at a time over the kinks inside u's range (the others add a constant) into a uint8: a few passes
-    of compares instead of a binary search per value, several times faster there."""
+    """``torch.bucketize(u, kinks)``: the number of kinks below each u, u's shape. On the CPU counted one kink
+    at a time over the kinks inside u's range (the others add a constant) into a uint8 (a few passes of
+    compares instead of a binary search per value, several times faster there; one byte a pair held for
+    backward instead of eight); elsewhere, or past 255 kinks, bucketize's int64."""
     if u.device.type != "cpu" or len(kinks) > 255:
         return torch.bucketize(u, kinks)
     lo, hi = torch.aminmax(u)
-    count = torch.zeros(u.shape, dtype=torch.uint8)
+    count = torch.full(u.shape, int((kinks < lo).sum()), dtype=torch.uint8)
     for kink in kinks[(kinks >= lo) & (kinks < hi)].tolist():  # u > kink for some u, not for all
         count += u > kink
-    return count.long() + int((kinks < lo).sum())
+    return count
 
 
 class _Lines(torch.autograd.Function):
@@ -104,7 +137,7 @@ class _Lines(torch.autograd.Function):
         for b in range(L):
             for r0 in range(0, Tq, _Lines.ROWS):
                 r1 = min(Tq, r0 + _Lines.ROWS)
-                flat = piece[b, r0:r1].reshape(-1)  # (rows Tk,)
+                flat = piece[b, r0:r1].reshape(-1).long()  # (rows Tk,)
                 off = torch.sub(u[b, r0:r1], inside.index_select(0, flat).view(r1 - r0, Tk), out=offset[b, r0:r1])
                 for h in range(H):
                     torch.addcmul(values[h].index_select(0, flat).view_as(off),
@@ -124,7 +157,7 @@ class _Lines(torch.autograd.Function):
         for b in range(L):
             for r0 in range(0, Tq, _Lines.ROWS):
                 r1 = min(Tq, r0 + _Lines.ROWS)
-                flat = piece[b, r0:r1].reshape(-1)  # (rows Tk,)
+                flat = piece[b, r0:r1].reshape(-1).long()  # (rows Tk,)
                 gb, block = g[b, :, r0:r1], both[:, :r1 - r0]  # (H, rows, Tk), (2 H, rows, Tk)
                 dub = du[b, r0:r1]
                 torch.mul(gb[0], slopes[0].index_select(0, flat).view_as(dub), out=dub)
@@ -166,7 +199,7 @@ class FIRE(Encoding):
         dtype = torch.promote_types(self.c.dtype, torch.float32)  # float32, or float64 for a float64 module
         i = q_pos.to(dtype)[..., :, None]  # (..., Tq, 1)
         j = k_pos.to(dtype)[..., None, :]  # (..., 1, Tk)
-        return self.psi_ratio(i, j, self.c, self.threshold())
+        return _PsiRatio.apply(i, j, self.c, self.threshold())
 
     def bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
         u = self.normalized_distance(q_pos, k_pos)  # (Tq, Tk) or (B, Tq, Tk)

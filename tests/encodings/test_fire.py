@@ -9,6 +9,7 @@ import torch
 from torch.testing import assert_close
 
 from posenc_bench import encodings
+from posenc_bench.encodings import fire as fire_module
 
 
 def build(**options):
@@ -184,6 +185,39 @@ def test_the_mlp_as_lines_equals_the_mlp_and_its_gradients(seed):
     want = torch.autograd.grad(pair_by_pair(exact), list(exact.parameters()), g.double())
     for a, b in zip(ours, want):
         torch.testing.assert_close(a.double(), b, rtol=0, atol=1e-5 * float(b.abs().max()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("c,threshold", [(0.1, 512.0), (-0.3, 7.0), (0.05, 3.0)])
+def test_normalised_distance_backward_equals_autograd_through_the_definition(dtype, batched, c, threshold):
+    """FIRE's _PsiRatio (row sums in backward, u alone held) against autograd through psi_ratio: the same u
+    bit for bit, and the same gradients of c and L, with a query exactly at L (torch.maximum's tie: half)."""
+    g = torch.Generator().manual_seed(int(threshold))
+    draws = [torch.randperm(40, generator=g)[:12].sort().values for _ in range(2 if batched else 1)]
+    pos = (torch.stack(draws) if batched else draws[0]).to(dtype)
+    i, j = pos[..., :, None].clone(), pos[..., None, :]
+    i[..., 3, 0] = threshold  # a tie with the threshold
+    c_, L_ = (torch.tensor(x, dtype=dtype, requires_grad=True) for x in (c, threshold))
+    grad = torch.randn(torch.broadcast_shapes(i.shape, j.shape), dtype=dtype, generator=g)
+    want = fire_module.FIRE.psi_ratio(i, j, c_, L_)
+    got = fire_module._PsiRatio.apply(i, j, c_, L_)
+    assert torch.equal(got, want)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for a, b in zip(torch.autograd.grad(got, (c_, L_), grad), torch.autograd.grad(want, (c_, L_), grad)):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol * float(b.abs()))
+    assert torch.autograd.grad(fire_module._PsiRatio.apply(i, j, c_, L_).sum(), L_)[0] != 0  # L is read
+
+
+def test_pieces_count_the_kinks_below_each_value_as_bucketize():
+    g = torch.Generator().manual_seed(0)
+    for trial in range(50):
+        kinks = torch.randn(int(torch.randint(0, 40, (), generator=g)), generator=g).sort().values
+        u = torch.rand(17, 23, generator=g) * 3 - 0.5
+        if len(kinks):
+            u[2, 5] = kinks[len(kinks) // 2]  # exactly at a kink: bucketize counts it below (right=False)
+        got = fire_module.pieces(u, kinks)
+        assert got.dtype == torch.uint8 and torch.equal(got.long(), torch.bucketize(u, kinks)), trial
 
 
 def test_batched_positions_are_each_sequences_own():
