@@ -181,11 +181,12 @@ class AttentionPlan:
     def _rows(self, T: int, max_mask_bytes: int, batch: int, mask_cells: int) -> int:
         """Queries per chunk: as many as keep a chunk's masks (``mask_cells`` 4-byte values per query-key pair),
         logits or parts within ``max_mask_bytes``, capped by the path's own chunk size."""
+        # training (the bias kernel's paths are only taken there): backward keeps every chunk's tensors whatever
+        # their size, so the budget bounds nothing; the chunk size is the fastest one (a learned bias's chunk's
+        # keys are [0, qe): BIAS_ROWS skips most of the masked upper half)
         if self.path == "logits" and torch.is_grad_enabled():
-            # training: autograd keeps every chunk's tensors for backward whatever their size, so the budget
-            # bounds nothing there; the chunk size is the fastest one
             return min(T, self.TRAIN_LOGIT_ROWS)
-        if self.path in ("distance_bias", "bias_grad"):  # training, whose masks are kept for backward anyway
+        if self.path in ("distance_bias", "bias_grad"):
             return min(T, self.BIAS_ROWS)
         logits = self.encoding.n_heads * batch * self.LOGIT_TENSORS  # whole (B, H, q, k) logits
         cell = 4 * {"parts": self.PART_TENSORS, "logits": logits, "sinks": logits}.get(self.path, mask_cells)
@@ -195,9 +196,7 @@ class AttentionPlan:
         else:  # at most T keys
             size = max_mask_bytes // (cell * T)
         size = max(1, min(T, size))
-        # a learned bias's chunk's keys are [0, qe): BIAS_ROWS skips most of the masked upper half
-        rows = {"folded": self.FOLD_ROWS, "distance_bias": self.BIAS_ROWS, "bias_grad": self.BIAS_ROWS}
-        return min(size, rows.get(self.path, size))
+        return min(size, self.FOLD_ROWS) if self.path == "folded" else size
 
     def key_span(self, i: int) -> tuple[int, int, int]:
         """Chunk i's keys as (p, ks, qe): keys [0, p) then [ks, qe); p = min(S, ks) with S sinks, else 0."""
