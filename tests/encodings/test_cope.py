@@ -168,6 +168,19 @@ def by_autograd(table, q, k, v, mask, scale):
     return torch.softmax(cope_logits(table, q, k, mask, scale).float(), dim=-1) @ v
 
 
+def both_ways(table, q, k, v, mask, scale, dout) -> list[tuple[torch.Tensor, ...]]:
+    """(out, d table, dq, dk, dv) by autograd through the definition and by CoPEAttention, asserted equal
+    (1e-5)."""
+    results = []
+    for attention in (by_autograd, cope_attention):
+        inputs = [x.clone().requires_grad_() for x in (table, q, k, v)]
+        out = attention(*inputs, mask, scale)
+        results.append((out, *torch.autograd.grad(out, inputs, dout)))
+    for name, want, got in zip(("out", "table", "q", "k", "v"), *results):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=name)
+    return results
+
+
 @pytest.mark.parametrize("Q,K,npos,window,clamped", [
     (6, 6, 9, None, False),  # one square chunk, a table longer than any count (unread columns get 0)
     (5, 13, 40, None, False),  # a later chunk: keys before its queries
@@ -182,13 +195,7 @@ def test_the_hand_written_backward_equals_autograd_through_the_definition(Q, K, 
     mask, scale, dout = chunk_mask(Q, K, window), D ** -0.5, torch.randn(B, H, Q, D, generator=g)
     counts = torch.sigmoid(q @ k.transpose(-1, -2) * scale).mul(torch.isfinite(mask)).sum(-1)  # p of key 0
     assert bool((counts > npos - 1).any()) == clamped
-    results = []
-    for attention in (by_autograd, cope_attention):
-        inputs = [x.clone().requires_grad_() for x in (table, q, k, v)]
-        out = attention(*inputs, mask, scale)
-        results.append((out, *torch.autograd.grad(out, inputs, dout)))
-    for name, want, got in zip(("out", "table", "q", "k", "v"), *results):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=name)
+    results = both_ways(table, q, k, v, mask, scale, dout)
     assert results[1][1].abs().sum() > 0
     if K + 1 < npos:  # counts never reach the last columns: no gradient there, on either path
         assert not results[1][1][:, K + 1:].any() and not results[0][1][:, K + 1:].any()
@@ -208,13 +215,7 @@ def test_counts_that_stay_short_of_the_keys_read_and_train_only_the_columns_they
     mask, scale, dout = chunk_mask(Q, K), D ** -0.5, torch.randn(B, H, Q, D, generator=g)
     counts = torch.sigmoid(q @ k.transpose(-1, -2) * scale).mul(torch.isfinite(mask)).sum(-1)
     assert 6 < counts.max() < 12
-    results = []
-    for attention in (by_autograd, cope_attention):
-        inputs = [x.clone().requires_grad_() for x in (table, q, k, v)]
-        out = attention(*inputs, mask, scale)
-        results.append((out, *torch.autograd.grad(out, inputs, dout)))
-    for name, want, got in zip(("out", "table", "q", "k", "v"), *results):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=name)
+    results = both_ways(table, q, k, v, mask, scale, dout)
     reached = int(counts.max()) + 2
     assert results[1][1][:, :reached].abs().sum() > 0 and not results[1][1][:, reached:].any()
 
