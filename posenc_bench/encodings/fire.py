@@ -122,23 +122,27 @@ class _Lines(torch.autograd.Function):
     lookup per pair and head; in backward the pieces' sums of the gradient (for C) and of the gradient times
     u - p (for A) by one ``index_add_`` over all heads and both sums at once (several times faster than a
     scatter per head and sum, and than autograd's gather backward, which sorts the pairs). Both directions go
-    in blocks of ``ROWS`` query rows per sequence, so that every pass after the first over a block's values
-    finds them in the cache (the (L, H, Tq, Tk) tensors of a chunk are tens of MiB)."""
+    in blocks of query rows per sequence, ``BLOCK`` pairs at most, so that every pass after the first over a
+    block's values finds them in the cache (the (L, H, Tq, Tk) tensors of a chunk are tens of MiB) and the
+    block's temporaries stay small beside the bias itself (the eval peak at long lengths)."""
 
-    ROWS = 64
+    BLOCK = 1 << 17  # pairs: 64 query rows of 2048 keys
 
     @staticmethod
     def forward(ctx, u, piece, inside, slope, value):
         L, Tq, Tk = u.shape
         H = slope.shape[1]
-        offset = torch.empty_like(u)  # u - p_s
+        keep = any(ctx.needs_input_grad)  # backward reads u - p_s: whole, else one block at a time (evaluation)
+        offset = torch.empty_like(u) if keep else None
         out = torch.empty(L, H, Tq, Tk, dtype=u.dtype, device=u.device)
         values, slopes = value.t().contiguous(), slope.t().contiguous()  # (H, S)
+        rows = max(1, _Lines.BLOCK // max(1, Tk))
         for b in range(L):
-            for r0 in range(0, Tq, _Lines.ROWS):
-                r1 = min(Tq, r0 + _Lines.ROWS)
+            for r0 in range(0, Tq, rows):
+                r1 = min(Tq, r0 + rows)
                 flat = piece[b, r0:r1].reshape(-1).long()  # (rows Tk,)
-                off = torch.sub(u[b, r0:r1], inside.index_select(0, flat).view(r1 - r0, Tk), out=offset[b, r0:r1])
+                off = torch.sub(u[b, r0:r1], inside.index_select(0, flat).view(r1 - r0, Tk),
+                                out=offset[b, r0:r1] if keep else None)  # u - p_s
                 for h in range(H):
                     torch.addcmul(values[h].index_select(0, flat).view_as(off),
                                   slopes[h].index_select(0, flat).view_as(off), off, out=out[b, h, r0:r1])
@@ -153,10 +157,11 @@ class _Lines(torch.autograd.Function):
         slopes = slope.t().contiguous()  # (H, S)
         du = torch.empty_like(offset)
         sums = torch.zeros(2 * H, S, dtype=g.dtype, device=g.device)  # per piece: sum of g, of g (u - p)
-        both = torch.empty(2 * H, min(Tq, _Lines.ROWS), Tk, dtype=g.dtype, device=g.device)
+        rows = max(1, _Lines.BLOCK // max(1, Tk))
+        both = torch.empty(2 * H, min(Tq, rows), Tk, dtype=g.dtype, device=g.device)
         for b in range(L):
-            for r0 in range(0, Tq, _Lines.ROWS):
-                r1 = min(Tq, r0 + _Lines.ROWS)
+            for r0 in range(0, Tq, rows):
+                r1 = min(Tq, r0 + rows)
                 flat = piece[b, r0:r1].reshape(-1).long()  # (rows Tk,)
                 gb, block = g[b, :, r0:r1], both[:, :r1 - r0]  # (H, rows, Tk), (2 H, rows, Tk)
                 dub = du[b, r0:r1]

@@ -32,13 +32,14 @@ def training_jobs(names: list[str]) -> list[tuple[str, bool]]:
 
 
 def training_rows(tc, device: torch.device, log, names: list[str], peak_flops: Optional[float] = None,
-                  rounds: int = 3) -> list[dict]:
+                  rounds: int = 5) -> list[dict]:
     """Forward+backward of configs/default.yaml's model at tc.train_len per encoding of ``names`` (the fused
     path first), vs nope (fused), with its peak memory (``peak_mib``, ``peak_x_fused``), tokens/s, TFLOP/s by
     ``mfu.step_flops`` and, given the device's ``peak_flops``, its MFU.
 
     The variants are measured in turn, ``rounds`` times; each round's ratio is taken against that round's
-    fused time and the median ratio reported with all of them (a shared machine drifts between rounds)."""
+    fused time and the median ratio reported with all of them (a shared machine drifts between rounds; the
+    bias and CoPE rows, whose steps allocate the most, drift the most: hence five rounds, not three)."""
     T = tc.train_len
     B = max(1, tc.train_tokens // T)
     dtype = precision_dtype(tc.precision, TRAIN_PRECISIONS)

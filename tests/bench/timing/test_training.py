@@ -29,7 +29,7 @@ def test_training_rows_carry_peak_memory_tokens_per_second_and_mfu(precision):
     assert [r["encoding"] for r in rows] == ["nope", "t5", "t5 (explicit bias)"]
     flops = step_flops(ModelConfig(), 2, 32)
     for r in rows:
-        assert r["what"] == "batch 2, 3 rounds" and r["step_flops"] == flops
+        assert r["what"] == "batch 2, 5 rounds" and r["step_flops"] == flops
         assert r["tokens_per_s"] == pytest.approx(64 / r["median_s"])
         assert r["tflops"] == pytest.approx(flops / r["median_s"] / 1e12)
         assert r["mfu"] == pytest.approx(flops / r["median_s"] / 1e9)  # against the given peak
