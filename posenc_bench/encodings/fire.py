@@ -129,6 +129,16 @@ class _Lines(torch.autograd.Function):
     BLOCK = 1 << 17  # pairs: 64 query rows of 2048 keys
 
     @staticmethod
+    def blocks(piece: torch.Tensor):
+        """(sequence b, rows r0:r1, the block's pieces (rows Tk,) as int64 indices) over piece (L, Tq, Tk)."""
+        L, Tq, Tk = piece.shape
+        rows = max(1, _Lines.BLOCK // max(1, Tk))
+        for b in range(L):
+            for r0 in range(0, Tq, rows):
+                r1 = min(Tq, r0 + rows)
+                yield b, r0, r1, piece[b, r0:r1].reshape(-1).long()
+
+    @staticmethod
     def forward(ctx, u, piece, inside, slope, value):
         L, Tq, Tk = u.shape
         H = slope.shape[1]
@@ -136,16 +146,12 @@ class _Lines(torch.autograd.Function):
         offset = torch.empty_like(u) if keep else None
         out = torch.empty(L, H, Tq, Tk, dtype=u.dtype, device=u.device)
         values, slopes = value.t().contiguous(), slope.t().contiguous()  # (H, S)
-        rows = max(1, _Lines.BLOCK // max(1, Tk))
-        for b in range(L):
-            for r0 in range(0, Tq, rows):
-                r1 = min(Tq, r0 + rows)
-                flat = piece[b, r0:r1].reshape(-1).long()  # (rows Tk,)
-                off = torch.sub(u[b, r0:r1], inside.index_select(0, flat).view(r1 - r0, Tk),
-                                out=offset[b, r0:r1] if keep else None)  # u - p_s
-                for h in range(H):
-                    torch.addcmul(values[h].index_select(0, flat).view_as(off),
-                                  slopes[h].index_select(0, flat).view_as(off), off, out=out[b, h, r0:r1])
+        for b, r0, r1, flat in _Lines.blocks(piece):
+            off = torch.sub(u[b, r0:r1], inside.index_select(0, flat).view(r1 - r0, Tk),
+                            out=offset[b, r0:r1] if keep else None)  # u - p_s
+            for h in range(H):
+                torch.addcmul(values[h].index_select(0, flat).view_as(off),
+                              slopes[h].index_select(0, flat).view_as(off), off, out=out[b, h, r0:r1])
         ctx.save_for_backward(offset, piece, slope)
         return out
 
@@ -153,24 +159,16 @@ class _Lines(torch.autograd.Function):
     def backward(ctx, g):
         offset, piece, slope = ctx.saved_tensors
         S, H = slope.shape
-        L, Tq, Tk = offset.shape
         slopes = slope.t().contiguous()  # (H, S)
         du = torch.empty_like(offset)
         sums = torch.zeros(2 * H, S, dtype=g.dtype, device=g.device)  # per piece: sum of g, of g (u - p)
-        rows = max(1, _Lines.BLOCK // max(1, Tk))
-        both = torch.empty(2 * H, min(Tq, rows), Tk, dtype=g.dtype, device=g.device)
-        for b in range(L):
-            for r0 in range(0, Tq, rows):
-                r1 = min(Tq, r0 + rows)
-                flat = piece[b, r0:r1].reshape(-1).long()  # (rows Tk,)
-                gb, block = g[b, :, r0:r1], both[:, :r1 - r0]  # (H, rows, Tk), (2 H, rows, Tk)
-                dub = du[b, r0:r1]
-                torch.mul(gb[0], slopes[0].index_select(0, flat).view_as(dub), out=dub)
-                for h in range(1, H):
-                    dub.addcmul_(gb[h], slopes[h].index_select(0, flat).view_as(dub))
-                block[:H] = gb
-                torch.mul(gb, offset[b, r0:r1], out=block[H:])
-                sums.index_add_(1, flat, block.reshape(2 * H, -1))
+        for b, r0, r1, flat in _Lines.blocks(piece):
+            gb, dub = g[b, :, r0:r1], du[b, r0:r1]  # (H, rows, Tk), (rows, Tk)
+            torch.mul(gb[0], slopes[0].index_select(0, flat).view_as(dub), out=dub)
+            for h in range(1, H):
+                dub.addcmul_(gb[h], slopes[h].index_select(0, flat).view_as(dub))
+            block = torch.cat((gb, gb * offset[b, r0:r1]))  # (2 H, rows, Tk)
+            sums.index_add_(1, flat, block.reshape(2 * H, -1))
         d_value, d_slope = sums[:H], sums[H:]
         return du, None, None, d_slope.t().to(slope.dtype), d_value.t().to(slope.dtype)
 

@@ -113,17 +113,16 @@ def tiled_backward(q, k, v, mask, out, lse, grad_out, scale: float, offset: int,
         p.view(B, H, n, cols).add_(mask[:, :, a0:a1, :cols], alpha=LOG2E)
         p.sub_(lse2[:, a0:a1]).exp2_()
         dv[:, :cols].baddbmm_(p.transpose(1, 2), gb)
-        # dP (B H, n, cols), then dS in place; straight into the mask's gradient where it has one per sequence
-        into = want_mask and mask.shape[0] == B and B * H > 0
-        ds = dmask[:, :, a0:a1, :cols].flatten(0, 1) if into else torch.empty(B * H, n, cols, dtype=p.dtype)
-        ds.baddbmm_(gb, vb.transpose(1, 2), beta=0)
+        ds = torch.bmm(gb, vb.transpose(1, 2))  # dP (B H, n, cols), then dS in place
         ds.sub_(delta[:, a0:a1]).mul_(p)
         dq[:, a0:a1].baddbmm_(ds, kb, beta=0, alpha=scale)
         dk[:, :cols].baddbmm_(ds.transpose(1, 2), qb, alpha=scale)
         ds = ds.view(B, H, n, cols)
         if want_mask:  # one mask for the batch gets the batch's sum; keys past the block's last row: dS = 0
-            if not into:
+            if mask.shape[0] == 1:
                 torch.sum(ds, 0, keepdim=True, out=dmask[:, :, a0:a1, :cols])
+            else:
+                dmask[:, :, a0:a1, :cols] = ds
             dmask[:, :, a0:a1, cols:] = 0
         if want_diagonals and positions is not None:  # distance index of every pair, per sequence
             q_pos, k_pos = positions
