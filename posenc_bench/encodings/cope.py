@@ -27,7 +27,10 @@ CoPE reads q . k, so it computes each query chunk's whole logits (``has_attentio
 explicitly, chunk by chunk, with memory bounded by the chunk size. The model runs each chunk's
 softmax(logits) @ v through ``attention_output`` (``has_attention_output``): ``CoPEAttention``, the same
 values with a backward written out, faster than autograd through ``cope_logits``, which stays the definition
-it is tested against (tests/encodings/test_cope.py).
+it is tested against (tests/encodings/test_cope.py). On the CPU in float32 its element-wise work (gates and
+counts, the position logits and softmax, the gates' backward) runs in the C kernels of ``cope_kernel``, one
+pass a row; elsewhere, or where no C compiler is found, in torch ops; both paths are tested against the
+definition.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from posenc_bench.encodings import cope_kernel
 from posenc_bench.encodings.base import Encoding
 from posenc_bench.encodings.registry import register
 
@@ -83,11 +87,12 @@ class CoPEAttention(torch.autograd.Function):
     integer only where every gate it counts is exactly 0 or 1 (or p is clamped at npos - 1, where d = 0), and
     there g (1 - g) = 0 for every gate that dp reaches, so the gradients agree. Computed in float32 (float64
     if given). The mask must be 0 or -inf (CoPE has no bias, so the plan's masks are): it enters the gates'
-    input, and gets no gradient."""
+    input, and gets no gradient. ``native`` (default): float32 CPU chunks take ``cope_kernel``'s C kernels for
+    the element-wise steps, the same formulas one row at a time (P written over x; dx over dout . v)."""
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, mask: torch.Tensor,
-                scale: float, npos: int) -> torch.Tensor:
+                scale: float, npos: int, native: bool = True) -> torch.Tensor:
         dtype = torch.promote_types(q.dtype, torch.float32)
         qf, kf, tf = q.to(dtype), k.to(dtype), table.to(dtype)
         B, H, Q, D = q.shape
@@ -99,61 +104,74 @@ class CoPEAttention(torch.autograd.Function):
         hidden = hidden.view(1, Q, K) if hidden.numel() == Q * K else hidden.expand(B, H, Q, K).reshape(-1, Q, K)
         x = torch.baddbmm(hidden, qf.reshape(B * H, Q, D), kf.reshape(B * H, K, D).transpose(-1, -2), alpha=scale)
         x = x.view(B, H, Q, K)
-        g = torch.sigmoid(x)  # 0 off the visible keys
-        p = g.flip(-1).cumsum_(-1).flip(-1)  # p_ij = sum_{t >= j} g_it
-        if n == npos:  # a count can pass the last position only when there are that many keys
-            p.clamp_(max=npos - 1)
+        kernel = native and K > 0 and cope_kernel.usable(x)  # the C kernels: float32 on the CPU
+        if kernel:
+            g, p = cope_kernel.gates(x, npos)  # g 0 off the visible keys; p_ij = sum_{t >= j} g_it, clamped
+        else:
+            g = torch.sigmoid(x)  # 0 off the visible keys
+            p = g.flip(-1).cumsum_(-1).flip(-1)  # p_ij = sum_{t >= j} g_it
+            if n == npos:  # a count can pass the last position only when there are that many keys
+                p.clamp_(max=npos - 1)
         if p.device.type == "cpu" and K:  # only the positions the counts reach (a host read: free on the CPU)
             # p falls along a row (gates >= 0), so a row's largest count is at its first key; floor p + 1 is the
             # last column read (the last one, npos - 1, only where p is clamped to it, with d = 0 there)
             n = min(n, int(p[..., 0].max()) + 2)
-        floor = p.long()  # p >= 0: truncation is the floor
-        w = p - floor
         fixed = qf @ (tf[:, :n] * scale)  # (B, H, q, n): s q . e[m] for every reachable integer position m
         diff = torch.nn.functional.pad(fixed.diff(dim=-1), (0, 1))  # (B, H, q, n): e[m + 1] - e[m], 0 at the end
-        d = diff.gather(-1, floor)
-        x.add_(fixed.gather(-1, floor).addcmul_(w, d))
-        P = torch.softmax(x, dim=-1)
-        del x
+        if kernel:
+            P = cope_kernel.probs_(x, p, fixed, diff)  # written over x
+        else:
+            floor = p.long()  # p >= 0: truncation is the floor
+            w = p - floor
+            d = diff.gather(-1, floor)
+            x.add_(fixed.gather(-1, floor).addcmul_(w, d))
+            P = torch.softmax(x, dim=-1)
+            del floor, w, d
+        del x, fixed
         out = P.to(v.dtype) @ v
         # saved: P, the gates and the counts p, and the (q, n) differences; floor p, its fraction and the
         # gathered difference are recomputed in backward (three passes there, half the memory held for it)
-        del floor, w, d, fixed
         ctx.save_for_backward(q, k, v, table, out, P, g, p, diff)
-        ctx.scale, ctx.n = scale, n
+        ctx.scale, ctx.n, ctx.kernel = scale, n, kernel
         return out
 
     @staticmethod
     def backward(ctx, dout: torch.Tensor):
         q, k, v, table, out, P, g, p, diff = ctx.saved_tensors
         s, n = ctx.scale, ctx.n
-        floor = p.long()
-        d = diff.gather(-1, floor)
-        w = p.sub_(floor)  # the fraction, in place: p is not read again
         dtype = P.dtype
         qf, kf, vf, tf, dout = q.to(dtype), k.to(dtype), v.to(dtype), table.to(dtype), dout.to(dtype)
         dv = P.transpose(-1, -2) @ dout
         delta = (dout * out.to(dtype)).sum(-1, keepdim=True)  # sum_k dP P = dout . out
-        dL = (dout @ vf.transpose(-1, -2)).sub_(delta).mul_(P)  # softmax backward: (B, H, q, k)
-        dfixed = torch.zeros(*dL.shape[:-1], n, dtype=dtype, device=dL.device).scatter_add_(-1, floor, dL)
-        dnext = torch.zeros_like(dfixed).scatter_add_(-1, floor, w.mul_(dL))  # w's share moves to m + 1
-        dfixed[..., 1:] += dnext[..., :-1]
-        dfixed[..., :-1] -= dnext[..., :-1]
-        dg = d.mul_(dL).cumsum_(-1)  # dL/dp, then the transpose of the reverse cumsum
-        dx = dL.add_(dg.mul_(g.addcmul_(g, g, value=-1)))  # content and gate paths: d(s q . k)
+        if ctx.kernel:  # dx from dout . v in one pass a row; d(fixed) with it
+            dx = dout @ vf.transpose(-1, -2)
+            dfixed = cope_kernel.backward_(dx, delta, P, g, p, diff)
+        else:
+            floor = p.long()
+            d = diff.gather(-1, floor)
+            w = p.sub_(floor)  # the fraction, in place: p is not read again
+            dL = (dout @ vf.transpose(-1, -2)).sub_(delta).mul_(P)  # softmax backward: (B, H, q, k)
+            dfixed = torch.zeros(*dL.shape[:-1], n, dtype=dtype, device=dL.device).scatter_add_(-1, floor, dL)
+            dnext = torch.zeros_like(dfixed).scatter_add_(-1, floor, w.mul_(dL))  # w's share moves to m + 1
+            dfixed[..., 1:] += dnext[..., :-1]
+            dfixed[..., :-1] -= dnext[..., :-1]
+            dg = d.mul_(dL).cumsum_(-1)  # dL/dp, then the transpose of the reverse cumsum
+            dx = dL.add_(dg.mul_(g.addcmul_(g, g, value=-1)))  # content and gate paths: d(s q . k)
         ts = tf[:, :n] * s
         dq = (dx @ kf).mul_(s).add_(dfixed @ ts.transpose(0, 1))
         dk = (dx.transpose(-1, -2) @ qf).mul_(s)
         dtable = torch.zeros_like(tf)
         dtable[:, :n] = (qf.reshape(-1, qf.shape[-1]).transpose(0, 1) @ dfixed.reshape(-1, n)).mul_(s)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dtable.to(table.dtype), None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dtable.to(table.dtype), None, None, None, None
 
 
 def cope_attention(table: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                   scale: float) -> torch.Tensor:
+                   scale: float, native: bool = True) -> torch.Tensor:
     """softmax(cope_logits(table, q, k, mask, scale)) @ v (B, H, q, D) of one query chunk, through
-    ``CoPEAttention`` (a hand-written backward; in evaluation the same forward, nothing saved)."""
-    return CoPEAttention.apply(q, k, v, table, mask, scale, table.shape[-1])
+    ``CoPEAttention`` (a hand-written backward; in evaluation the same forward, nothing saved). ``native``: its
+    element-wise work in the C kernels of ``cope_kernel`` where they apply (float32 on the CPU), else in torch
+    ops; the same values either way."""
+    return CoPEAttention.apply(q, k, v, table, mask, scale, table.shape[-1], native)
 
 
 @register("cope")

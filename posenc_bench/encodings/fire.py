@@ -50,6 +50,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from posenc_bench.encodings import fire_kernel
 from posenc_bench.encodings.base import Encoding, pair_score_mod
 from posenc_bench.encodings.registry import register
 
@@ -124,7 +125,9 @@ class _Lines(torch.autograd.Function):
     scatter per head and sum, and than autograd's gather backward, which sorts the pairs). Both directions go
     in blocks of query rows per sequence, ``BLOCK`` pairs at most, so that every pass after the first over a
     block's values finds them in the cache (the (L, H, Tq, Tk) tensors of a chunk are tens of MiB) and the
-    block's temporaries stay small beside the bias itself (the eval peak at long lengths)."""
+    block's temporaries stay small beside the bias itself (the eval peak at long lengths). Float32 on the CPU
+    with uint8 pieces goes through ``fire_kernel``'s C kernels instead: the same values, one pass a row of
+    pairs, the pieces' sums in double."""
 
     BLOCK = 1 << 17  # pairs: 64 query rows of 2048 keys
 
@@ -143,9 +146,15 @@ class _Lines(torch.autograd.Function):
         L, Tq, Tk = u.shape
         H = slope.shape[1]
         keep = any(ctx.needs_input_grad)  # backward reads u - p_s: whole, else one block at a time (evaluation)
+        values, slopes = value.t().contiguous(), slope.t().contiguous()  # (H, S)
+        ctx.kernel = fire_kernel.usable(u, piece)  # the C kernels: float32 on the CPU
+        if ctx.kernel:
+            out, offset = fire_kernel.lines(u.contiguous(), piece.contiguous(), inside.contiguous(), values, slopes,
+                                            keep)
+            ctx.save_for_backward(offset, piece, slope)
+            return out
         offset = torch.empty_like(u) if keep else None
         out = torch.empty(L, H, Tq, Tk, dtype=u.dtype, device=u.device)
-        values, slopes = value.t().contiguous(), slope.t().contiguous()  # (H, S)
         for b, r0, r1, flat in _Lines.blocks(piece):
             off = torch.sub(u[b, r0:r1], inside.index_select(0, flat).view(r1 - r0, Tk),
                             out=offset[b, r0:r1] if keep else None)  # u - p_s
@@ -160,6 +169,9 @@ class _Lines(torch.autograd.Function):
         offset, piece, slope = ctx.saved_tensors
         S, H = slope.shape
         slopes = slope.t().contiguous()  # (H, S)
+        if ctx.kernel:
+            du, sums = fire_kernel.lines_backward(g.contiguous(), offset, piece.contiguous(), slopes)
+            return du, None, None, sums[H:].t().to(slope.dtype), sums[:H].t().to(slope.dtype)
         du = torch.empty_like(offset)
         sums = torch.zeros(2 * H, S, dtype=g.dtype, device=g.device)  # per piece: sum of g, of g (u - p)
         for b, r0, r1, flat in _Lines.blocks(piece):

@@ -168,16 +168,22 @@ def by_autograd(table, q, k, v, mask, scale):
     return torch.softmax(cope_logits(table, q, k, mask, scale).float(), dim=-1) @ v
 
 
+def by_torch_ops(table, q, k, v, mask, scale):
+    """CoPEAttention with its element-wise work in torch ops (where no C kernel is built, and off the CPU)."""
+    return cope_attention(table, q, k, v, mask, scale, native=False)
+
+
 def both_ways(table, q, k, v, mask, scale, dout) -> list[tuple[torch.Tensor, ...]]:
     """(out, d table, dq, dk, dv) by autograd through the definition and by CoPEAttention, asserted equal
-    (1e-5)."""
+    (1e-5); CoPEAttention both in torch ops and in the C kernels (``cope_kernel``, float32 on the CPU)."""
     results = []
-    for attention in (by_autograd, cope_attention):
+    for attention in (by_autograd, cope_attention, by_torch_ops):
         inputs = [x.clone().requires_grad_() for x in (table, q, k, v)]
         out = attention(*inputs, mask, scale)
         results.append((out, *torch.autograd.grad(out, inputs, dout)))
-    for name, want, got in zip(("out", "table", "q", "k", "v"), *results):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=name)
+    for got in results[1:]:
+        for name, want, value in zip(("out", "table", "q", "k", "v"), results[0], got):
+            torch.testing.assert_close(value, want, rtol=1e-5, atol=1e-5, msg=name)
     return results
 
 
@@ -254,3 +260,4 @@ def test_the_base_has_no_attention_output_of_its_own():
     with pytest.raises(NotImplementedError):
         enc.attention_output(*(torch.zeros(1, 2, 3, 4) for _ in range(3)), torch.arange(3), torch.arange(3),
                              torch.zeros(1, 1, 3, 3), 0.5)
+

@@ -8,8 +8,9 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from posenc_bench import encodings
+from posenc_bench import encodings, native
 from posenc_bench.encodings import fire as fire_module
+from posenc_bench.encodings import fire_kernel
 
 
 def build(**options):
@@ -161,12 +162,17 @@ def test_normalised_distance_stays_in_unit_interval_at_any_length():
     assert enc.normalized_distance(pos[:3], pos[:3])[0, 2] > 0  # a future key: psi(|i - j|), as the reference
 
 
+@pytest.mark.parametrize("kernel", [True, False])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_the_mlp_as_lines_equals_the_mlp_and_its_gradients(seed):
+def test_the_mlp_as_lines_equals_the_mlp_and_its_gradients(seed, kernel, monkeypatch):
     """bias() evaluates the MLP as one line per piece between its kinks: equal to running the MLP on every pair
     (float32, 1e-5) in value, and in the gradient of every parameter (c and L included) as close to the MLP's
     in float64 as float32 allows (1e-5 of each gradient's scale: a gradient sums 90,000 pairs); units with
-    W1 = 0 (no kink) included."""
+    W1 = 0 (no kink) included. Both in the C kernels (``fire_kernel``, float32 on the CPU) and in torch ops."""
+    if kernel and fire_kernel.library() is None:
+        pytest.skip(native.why_not("fire", fire_kernel.SOURCE))
+    if not kernel:
+        monkeypatch.setattr(fire_kernel, "usable", lambda u, piece: False)
     torch.manual_seed(seed)
     enc = build()
     with torch.no_grad():
