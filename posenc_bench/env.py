@@ -14,7 +14,7 @@ from typing import Iterator, Optional
 
 import torch
 
-from posenc_bench import __version__
+from posenc_bench import __version__, native
 from posenc_bench.errors import ConfigError
 from posenc_bench.values import PRECISIONS
 
@@ -73,6 +73,7 @@ def versions() -> dict:
     out = {"python": platform.python_version(), "posenc_bench": __version__, "torch": torch.__version__}
     for pkg in ("transformers", "numpy"):
         out[pkg] = version_of(pkg)
+    out["cc"] = native.compiler_version()  # builds the CPU kernels (posenc_bench.native)
     return out
 
 

@@ -50,6 +50,20 @@ def _compiler() -> Optional[str]:
     return shutil.which(os.environ.get("CC", "cc"))
 
 
+@functools.cache
+def compiler_version() -> Optional[str]:
+    """The C compiler's first ``--version`` line (recorded with every result: the kernels' numbers depend on
+    it), or None where there is none."""
+    compiler = _compiler()
+    if compiler is None:
+        return None
+    try:
+        done = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (done.stdout.strip().splitlines() or [None])[0]
+
+
 def _build(name: str, source: str) -> tuple[Optional[ctypes.CDLL], str]:
     """(the library, "") or (None, why not)."""
     compiler = _compiler()

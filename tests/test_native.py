@@ -56,3 +56,12 @@ def test_signatures_are_set_once_and_a_missing_library_takes_none(cache, monkeyp
     native._load.cache_clear()
     monkeypatch.setenv("CC", "no-such-compiler-xyz")
     assert native.load("twice", SOURCE, {"twice": [ctypes.c_double]}) is None
+
+
+def test_the_compiler_version_is_one_line_and_recorded_with_the_versions():
+    from posenc_bench.env import versions
+
+    version = native.compiler_version()
+    assert versions()["cc"] == version
+    if native._compiler() is not None:
+        assert version and "\n" not in version
