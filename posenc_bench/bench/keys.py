@@ -84,9 +84,10 @@ def cell_key(cfg: RunConfig, trained: Row, seed: int, corpus_fingerprint: str) -
 
 
 def train_ident(cfg: RunConfig) -> dict:
-    """The train section as a key holds it: without ``compile`` (the same weights within float rounding)."""
+    """The train section as a key holds it: without ``compile`` (the same weights within float rounding) and
+    ``divergence_patience`` (when a run is called diverged changes no finished model)."""
     train = asdict(cfg.train)
-    del train["compile"]
+    del train["compile"], train["divergence_patience"]
     return train
 
 

@@ -129,8 +129,9 @@ def model_record(run: dict, row: "Row", seed: int, eval_len: int, *, keys: dict,
     evaluated = row_eval_options((config.get("model") or {}).get("encoding_options") or {}, row)
     if evaluated:  # how the row was evaluated where its encoding has a choice (+rand's random eval positions)
         rec["eval_options"] = evaluated
-    if outcome.get("status") == "diverged":
-        return not_measured(rec, "diverged", outcome["reason"], last_finite_loss=outcome.get("last_finite_loss"))
+    if outcome.get("status") == "diverged":  # with the rule that called it so (none: before divergence_patience)
+        return not_measured(rec, "diverged", outcome["reason"], last_finite_loss=outcome.get("last_finite_loss"),
+                            **({"divergence_rule": meta["divergence_rule"]} if "divergence_rule" in meta else {}))
     return rec
 
 
@@ -218,6 +219,9 @@ NOT_IDENTITY = (
     "config.train.log_every", "config.plugins", "config.grad_accum", "config.rope_scaling", "model.path",
     "config.expected_sweep_s",
     "config.train.compile", "config.model.vocab_multiple",  # the same model within float rounding, run another way
+    # when a run is called diverged changes no finished model; a diverged cell records its rule and is trained
+    # again by a run under another one (``bench/sweep``)
+    "config.train.divergence_patience",
     # per row (``row_settings``): a cell's own encoding options, and the fine-tuning of the -ft rows
     "config.model.encoding_options", "config.finetune",
 )

@@ -90,6 +90,11 @@ class Models:
             found = checkpoint.find(ckpt, key)
             if found is None:
                 return None
+            if not found.finished_ok and found.meta.get("divergence_rule") != self.divergence_rule():
+                # called diverged by another rule (before divergence_patience: any one step above the threshold)
+                self.rt.log(f"  {row} seed {seed}: its checkpoint was called diverged by another rule "
+                            f"({found.meta.get('divergence_rule', 'one step above the threshold')}); training it again")
+                return None
             self.rt.log(f"  {row} seed {seed}: reusing checkpoint {ckpt}")
             if not found.finished_ok:
                 return None, found.meta
@@ -142,11 +147,18 @@ class Models:
                     out.add((own, seed))
         return out
 
+    def divergence_rule(self) -> dict:
+        """What made a run diverged (``train.loop``): recorded in a diverged checkpoint, which a run under another
+        rule trains again (the rule is not in the cell key: it changes no finished model)."""
+        return {"factor": self.cfg.train.divergence_factor, "patience": self.cfg.train.divergence_patience}
+
     def _meta(self, key: str, row: Row, seed: int, **fields) -> dict:
         tokenizer = self.work.tokenizer()
+        outcome = fields.get("outcome") or {}
+        rule = {"divergence_rule": self.divergence_rule()} if outcome.get("status") == "diverged" else {}
         return {"cell_key": key, "encoding": row.encoding, "window": row.window, "seed": seed,
                 "config": self.cfg.to_dict(), "corpus_fingerprint": self.work.fingerprint,
-                **({"tokenizer": tokenizer} if tokenizer else {}), **fields}
+                **({"tokenizer": tokenizer} if tokenizer else {}), **rule, **fields}
 
     def _finish(self, ckpt: Path, model: DecoderLM, outcome: TrainOutcome, meta: dict, what: str
                 ) -> tuple[Optional[DecoderLM], dict]:
@@ -203,8 +215,12 @@ class Sweep:
         return cells if self.shard is None else shard_cells(cells, *self.shard)
 
     def _done(self, row: Row, seed: int) -> list[dict]:
-        """The records of a cell finished before with the same keys at every eval length (else [])."""
+        """The records of a cell finished before with the same keys at every eval length (else []); a cell
+        called diverged by another divergence rule is not finished (its model is trained again)."""
         done = self.store.cell(row.name, seed)
+        rule = self.models.divergence_rule()
+        if any(r["status"] == "diverged" and r.get("divergence_rule") != rule for r in done):
+            return []
         return done if finished(done, self.work.lengths, self.keys.cell(row, seed)) else []
 
     @contextlib.contextmanager

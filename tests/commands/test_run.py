@@ -108,6 +108,31 @@ def test_diverged_run_is_recorded_and_the_sweep_goes_on(tmp_path):
     div = [r for r in recs if r["status"] == "diverged"]
     assert all("diverged at step" in r["reason"] for r in div)
     assert "diverged" in (tmp_path / "out" / "table.md").read_text()
+    assert all(r["divergence_rule"] == {"factor": 2.0, "patience": 3} for r in div)
+
+
+def test_a_cell_called_diverged_by_another_rule_is_trained_again(tmp_path, capsys):
+    """A diverged cell records the rule that called it so; a later run under the same rule reuses it, under
+    another (a record or checkpoint from before divergence_patience, which has none) trains it again."""
+    args = ("--encodings", "rope", "--lr", "80", "--set", "train.grad_clip=1e9", "--set", "train.warmup_steps=1")
+    assert run(tmp_path, *args) == 0
+    results, meta = tmp_path / "out" / "results.json", tmp_path / "out" / "checkpoints" / "rope-seed0" / "config.json"
+    first = json.loads(results.read_text())["records"]
+    assert {r["status"] for r in first} == {"diverged"} and json.loads(meta.read_text())["divergence_rule"]
+    capsys.readouterr()
+    assert run(tmp_path, *args) == 0
+    assert json.loads(results.read_text())["records"] == first and "training it again" not in capsys.readouterr().out
+    for path, key in ((results, "records"), (meta, None)):  # as written before the rule was recorded
+        data = json.loads(path.read_text())
+        for item in data[key] if key else [data]:
+            item.pop("divergence_rule")
+        path.write_text(json.dumps(data))
+    assert run(tmp_path, *args) == 0
+    out = capsys.readouterr().out
+    assert ("rope seed 0: its checkpoint was called diverged by another rule (one step above the threshold); "
+            "training it again") in out
+    again = json.loads(results.read_text())["records"]
+    assert len(again) == len(first) and all(r["divergence_rule"] == {"factor": 2.0, "patience": 3} for r in again)
 
 
 @pytest.mark.parametrize("args,message", [

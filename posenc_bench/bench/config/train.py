@@ -22,8 +22,12 @@ class TrainConfig:
     weight_decay: float = 0.1
     betas: list = field(default_factory=lambda: [0.9, 0.95])
     grad_clip: float = 1.0
-    # a loss that is not finite, or above divergence_factor x the first step's loss, ends the run as diverged
+    # a run diverged when a loss is not finite, or when the mean loss of divergence_patience logged windows in a
+    # row (log_every steps each), or of its last window, is above divergence_factor x the first step's loss: a
+    # one-batch spike that training recovers from is not a divergence. Changes no finished model's weights, so
+    # patience is not part of the cell key (a diverged checkpoint records the rule it was judged by)
     divergence_factor: float = 2.0
+    divergence_patience: int = 3
     log_every: int = 20
     # run each transformer block through torch.compile while training: the same model within float rounding
     # (tested to 1e-5), so not part of the cell key (``bench/keys.py``) or of a result's identity
@@ -46,3 +50,6 @@ def validate_train(t: TrainConfig) -> None:
         raise ConfigError(f"train.compile must be true or false, got {t.compile!r}")
     if not t.divergence_factor > 1:
         raise ConfigError(f"train.divergence_factor must be > 1, got {t.divergence_factor}")
+    if not (isinstance(t.divergence_patience, int) and t.divergence_patience >= 1):
+        raise ConfigError(f"train.divergence_patience must be an integer >= 1 (logged windows), got "
+                          f"{t.divergence_patience!r}")

@@ -68,6 +68,7 @@ class _Progress:
     window_sum: float = 0.0
     window_n: int = 0
     elapsed: float = 0.0
+    above: int = 0  # logged windows in a row whose mean loss is above the divergence threshold
 
 
 @dataclass
@@ -100,13 +101,14 @@ def _resumed(model: torch.nn.Module, opt: torch.optim.Optimizer, batches: TrainB
     opt.load_state_dict(state["optimizer"])
     batches.generator.set_state(state["generator"])
     return _Progress(state["step"], state["curve"], state["first_loss"], state["last_finite"], state["window_sum"],
-                     state["window_n"], state["elapsed"])
+                     state["window_n"], state["elapsed"], state.get("above", 0))  # a state saved before the count: 0
 
 
 def _save(resume: Resume, p: _Progress, model: torch.nn.Module, opt: torch.optim.Optimizer, batches: TrainBatches) -> None:
     state = dict(key=resume.key, step=p.step, model=model.state_dict(), optimizer=opt.state_dict(),
                  generator=batches.generator.get_state(), curve=p.curve, first_loss=p.first_loss,
-                 last_finite=p.last_finite, window_sum=p.window_sum, window_n=p.window_n, elapsed=p.elapsed)
+                 last_finite=p.last_finite, window_sum=p.window_sum, window_n=p.window_n, elapsed=p.elapsed,
+                 above=p.above)
     atomic_write(resume.path, lambda tmp: torch.save(state, tmp))
 
 
@@ -161,18 +163,29 @@ class _Losses:
         return out
 
 
-def _fold(p: _Progress, losses: list[tuple[int, float]], factor: float) -> Optional[tuple[int, str]]:
+def _fold(p: _Progress, losses: list[tuple[int, float]]) -> Optional[tuple[int, str]]:
     """Each step's loss into the progress, in step order, as each step once did on its own: (step, reason) of
-    the first step whose loss is not finite or above ``factor`` x the first loss (the losses after it are
-    not folded), else None."""
+    the first step whose loss is not finite (the losses after it are not folded), else None."""
     for step, value in losses:
-        if not math.isfinite(value) or value > factor * p.first_loss:
-            what = f"loss {value:.4g}" if math.isfinite(value) else f"loss became {value}"
-            return step, (f"diverged at step {step}: {what} (first loss {p.first_loss:.4g}, "
+        if not math.isfinite(value):
+            return step, (f"diverged at step {step}: loss became {value} (first loss {p.first_loss:.4g}, "
                           f"last finite loss {p.last_finite if p.last_finite is None else round(p.last_finite, 4)})")
         p.last_finite = value
         p.window_sum += value
         p.window_n += 1
+    return None
+
+
+def _judge_window(p: _Progress, step: int, cfg, last: bool) -> Optional[tuple[int, str]]:
+    """At a log step (``step`` steps done): (step, reason) when the window's mean loss is the ``patience``-th in
+    a row above ``factor`` x the first loss, or above it at the end of training (the run failed); else None.
+    A spike that training recovers from within a window or two is not a divergence."""
+    mean, threshold = p.window_sum / p.window_n, cfg.divergence_factor * p.first_loss
+    p.above = p.above + 1 if mean > threshold else 0
+    if p.above >= cfg.divergence_patience or (last and p.above):
+        windows = f"{p.above} logged windows in a row" if p.above > 1 else "the last logged window"
+        return step, (f"diverged at step {step}: mean loss {mean:.4g} over {windows} above {cfg.divergence_factor:g}"
+                      f" x the first loss {p.first_loss:.4g} (last finite loss {round(p.last_finite, 4)})")
     return None
 
 
@@ -240,7 +253,8 @@ def train(model: torch.nn.Module, batches: TrainBatches, cfg, rt: Runtime, *, re
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step()
             if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
-                diverged = diverged or _fold(p, losses.take(), cfg.divergence_factor)
+                diverged = diverged or _fold(p, losses.take())
+                diverged = diverged or _judge_window(p, step + 1, cfg, last=step + 1 == cfg.steps)
                 if diverged is not None:  # every rank reads the same losses here, so all stop at this step
                     return TrainOutcome("diverged", diverged[0], None, p.last_finite, diverged[1],
                                         time.perf_counter() - t0, 0.0, p.curve)
@@ -251,7 +265,7 @@ def train(model: torch.nn.Module, batches: TrainBatches, cfg, rt: Runtime, *, re
             if rt.is_main and resume.path is not None and step + 1 < cfg.steps and resume.due(step + 1, now - last_save):
                 # the saved progress holds every step's loss so far; a state past a diverged step is not saved
                 # (the run stops at the next log step, as every rank finds that step there)
-                diverged = diverged or _fold(p, losses.take(), cfg.divergence_factor)
+                diverged = diverged or _fold(p, losses.take())
                 if diverged is None:
                     p.step, p.elapsed = step + 1, time.perf_counter() - t0
                     _save(resume, p, model, opt, batches)  # the same state as ever: a resume file of any version reads

@@ -155,7 +155,9 @@ def test_a_state_is_saved_by_time_as_well_as_by_steps(tmp_path):
         _saves(tmp_path, 10, lambda clock: Resume(state, 100, "k", 600.0, clock), stop_after=4)
     saved = torch.load(state, weights_only=True)
     assert saved["step"] == 3 and set(saved) == {"key", "step", "model", "optimizer", "generator", "curve", "first_loss",
-                                                 "last_finite", "window_sum", "window_n", "elapsed"}  # as ever
+                                                 "last_finite", "window_sum", "window_n", "elapsed", "above"}
+    del saved["above"]  # a state saved before the divergence rule counted windows resumes with none above
+    torch.save(saved, state)
     logs = []
     cfg = TrainConfig(train_len=16, batch_size=4, steps=10, warmup_steps=1, log_every=1)
     train(DecoderLM(ModelConfig(d_model=32, n_layers=1, n_heads=2), "rope", 16, seed=0),
@@ -178,17 +180,24 @@ def test_save_every_s_is_a_run_setting_that_changes_no_identity():
 
 
 def _per_step_reference(values, cfg):
-    """What the loop reported when every step read its loss at once: (status, steps, last finite, reason, curve)."""
-    first, last, total, n, curve = None, None, 0.0, 0, []
+    """What the loop reports when it reads every step's loss at once: (status, steps, last finite, reason,
+    curve). A loss that is not finite ends the run at its step; at each log step, the window's mean loss above
+    factor x the first loss in ``patience`` windows in a row, or in the last window, ends it there."""
+    first, last, total, n, curve, above = None, None, 0.0, 0, [], 0
     for step, value in enumerate(values):
         first = value if first is None else first
-        if not math.isfinite(value) or value > cfg.divergence_factor * first:
-            what = f"loss {value:.4g}" if math.isfinite(value) else f"loss became {value}"
-            reason = (f"diverged at step {step}: {what} (first loss {first:.4g}, "
+        if not math.isfinite(value):
+            reason = (f"diverged at step {step}: loss became {value} (first loss {first:.4g}, "
                       f"last finite loss {last if last is None else round(last, 4)})")
             return "diverged", step, last, reason, curve
         last, total, n = value, total + value, n + 1
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
+            above = above + 1 if total / n > cfg.divergence_factor * first else 0
+            if above >= cfg.divergence_patience or (above and step + 1 == cfg.steps):
+                windows = f"{above} logged windows in a row" if above > 1 else "the last logged window"
+                reason = (f"diverged at step {step + 1}: mean loss {total / n:.4g} over {windows} above "
+                          f"{cfg.divergence_factor:g} x the first loss {first:.4g} (last finite loss {round(last, 4)})")
+                return "diverged", step + 1, last, reason, curve
             curve.append([step + 1, round(total / n, 5)])
             total, n = 0.0, 0
     return "ok", cfg.steps, last, "", curve
@@ -224,9 +233,12 @@ def test_divergence_read_at_log_time_names_the_first_diverging_step(monkeypatch,
     resume = Resume(tmp_path / "state.pt", save_every, "k")
     out, values, cfg = _recorded_run(monkeypatch, resume, lr=50.0, warmup_steps=1, grad_clip=1e9, log_every=10)
     status, steps, last, reason, curve = _per_step_reference(values, cfg)
-    assert status == "diverged" and steps % cfg.log_every != cfg.log_every - 1  # read steps after it diverged
+    assert status == "diverged"
     assert (out.status, out.steps, out.last_finite_loss, out.reason, out.curve) == (status, steps, last, reason, curve)
-    assert len(values) == (steps // cfg.log_every + 1) * cfg.log_every  # it ran on to the log step
+    if "became" in reason:  # a loss that is not finite, read at the next log step: it ran on to there
+        assert steps % cfg.log_every != cfg.log_every - 1 and len(values) == (steps // cfg.log_every + 1) * cfg.log_every
+    else:  # judged at a log step, after the windows that made it
+        assert len(values) == steps and steps % cfg.log_every == 0
     if save_every:
         assert torch.load(resume.path, weights_only=True)["step"] == steps  # the last state before the diverged step
 
@@ -267,3 +279,62 @@ def test_compiled_training_follows_the_eager_curve_and_leaves_the_model_eager():
     assert compiled.status == eager.status == "ok" and m._compiled is None  # eager again after training
     assert [s for s, _ in compiled.curve] == [3, 6]
     assert all(abs(a[1] - b[1]) < 1e-4 for a, b in zip(compiled.curve, eager.curve))
+
+
+def _scripted_run(monkeypatch, losses, **overrides):
+    """A run whose steps report ``losses`` (one a step, no gradients: the optimizer skips the step)."""
+    from posenc_bench.bench.train import loop
+
+    script = iter(losses)
+    monkeypatch.setattr(loop, "_loss_and_grads", lambda *a, **k: torch.tensor(next(script), dtype=torch.float32))
+    cfg = TrainConfig(train_len=16, batch_size=8, steps=len(losses), warmup_steps=1, log_every=5)
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    model = DecoderLM(ModelConfig(d_model=32, n_layers=1, n_heads=2), "rope", 16, seed=0)
+    out = train(model, TrainBatches(_stream(), 16, 8, seed=0), cfg, Runtime(torch.device("cpu"), show_progress=False))
+    assert (out.status, out.steps, out.reason, out.curve) == _per_step_reference(losses, cfg)[0:2] + \
+        _per_step_reference(losses, cfg)[3:]
+    return out
+
+
+def test_a_spike_that_training_recovers_from_is_not_a_divergence(monkeypatch):
+    """One batch at 10x the first loss (the old rule's divergence) lifts one window's mean over 2x; the next
+    windows are back under it, so the run is ok; two such windows apart are still ok."""
+    losses = [5.0] * 5 + [3.0, 3.0, 50.0, 3.0, 3.0] + [3.0] * 10 + [3.0, 50.0, 3.0, 3.0, 3.0] + [2.5] * 5
+    out = _scripted_run(monkeypatch, losses)
+    assert out.status == "ok" and out.steps == 30 and out.curve[1] == [10, 12.4]
+
+
+def test_a_loss_that_stays_above_the_threshold_diverges_after_patience_windows(monkeypatch):
+    losses = [5.0] * 10 + [12.0] * 15 + [3.0] * 10
+    out = _scripted_run(monkeypatch, losses)
+    assert out.status == "diverged" and out.steps == 25 and out.final_loss is None
+    assert out.reason == ("diverged at step 25: mean loss 12 over 3 logged windows in a row above 2 x the first "
+                          "loss 5 (last finite loss 12.0)")
+    assert out.curve == [[5, 5.0], [10, 5.0], [15, 12.0], [20, 12.0]]  # the curve up to the windows before it
+    assert _scripted_run(monkeypatch, losses, divergence_patience=4).status == "ok"  # recovered in the 4th
+
+
+def test_a_run_that_ends_above_the_threshold_failed(monkeypatch):
+    out = _scripted_run(monkeypatch, [5.0] * 10 + [3.0] * 5 + [11.0] * 5)
+    assert out.status == "diverged" and out.steps == 20
+    assert "over the last logged window above 2 x the first loss 5" in out.reason
+
+
+def test_a_loss_that_is_not_finite_diverges_at_its_step(monkeypatch):
+    out = _scripted_run(monkeypatch, [5.0] * 7 + [float("nan")] + [5.0] * 7)
+    assert out.status == "diverged" and out.steps == 7 and out.last_finite_loss == 5.0
+    assert out.reason == "diverged at step 7: loss became nan (first loss 5, last finite loss 5.0)"
+
+
+def test_divergence_patience_is_a_setting_of_at_least_one_window_and_no_part_of_a_key():
+    from posenc_bench.bench.config import RunConfig, load_config
+    from posenc_bench.bench.keys import train_ident
+    from posenc_bench.bench.records import NOT_IDENTITY
+
+    assert RunConfig().train.divergence_patience == 3 and "config.train.divergence_patience" in NOT_IDENTITY
+    assert "divergence_patience" not in train_ident(RunConfig()) and "divergence_factor" in train_ident(RunConfig())
+    with pytest.raises(ValueError, match=r"train.divergence_patience must be an integer >= 1 \(logged windows\), got 0"):
+        load_config("ci", {"train.divergence_patience": 0})
+    with pytest.raises(ValueError, match=r"train.divergence_patience must be int, got 1.5"):
+        load_config("ci", {"train.divergence_patience": 1.5})
