@@ -55,7 +55,8 @@ def atomic_write_json(path: Path | str, data: Any) -> None:
 
 
 def file_hash(paths: list[Path]) -> str:
-    """sha256 over the contents of ``paths`` (in name order), 16 hex digits."""
+    """A fingerprint of ``paths``: sha256 over each file's name, a NUL byte and its contents (in name order),
+    16 hex digits. Not a file's own sha256 (``sha256sum`` gives another value): the name is hashed too."""
     h = hashlib.sha256()
     for p in sorted(paths, key=lambda p: p.name):
         h.update(p.name.encode() + b"\0")

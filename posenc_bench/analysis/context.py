@@ -27,14 +27,19 @@ CONTEXT_TITLES = {
               "mean over the row's seeds; effective size: the largest size at which every depth is at least 90%",
 }
 TRAINING_ONLY_TITLE = "Training (train loss, nats), each the mean over the row's seeds"
+CONTEXT_USE_ONLY_TITLE = "Context use at 1x (test loss early vs late in the window, nats), each the mean over the row's seeds"
 
 
 def context_title(value: str, frame: pd.DataFrame, split: str = "test") -> str:
-    """The title of a context table: a training table without context-use columns (a task's: its records have
-    no loss by position) says only what it shows; one scored on another split than test names it."""
+    """The title of a context table, saying only what it shows: a training table without context-use columns (a
+    task's: its records have no loss by position) or without train-loss columns (a pretrained model's: we did
+    not train it); one scored on another split than test names it."""
+    title = CONTEXT_TITLES[value]
     if value == "training" and not any(str(c).startswith("1x loss") for c in frame.columns):
-        return TRAINING_ONLY_TITLE
-    return CONTEXT_TITLES[value].replace("(test loss", f"({'eval' if split == 'all' else split} loss")
+        title = TRAINING_ONLY_TITLE
+    elif value == "training" and not any(str(c).startswith("train loss") for c in frame.columns):
+        title = CONTEXT_USE_ONLY_TITLE
+    return title.replace("(test loss", f"({'eval' if split == 'all' else split} loss")
 
 
 PLATEAU_NOTE = ("uses only local context on {seeds}: at 1x its loss over positions {late} is not {margin:g} nats below "

@@ -1,11 +1,12 @@
 """The context tables: train loss along the run and context use at 1x (the plateau flag reads the same mean
 over seeds), and the cost of each evaluation where it was measured."""
 
+import pandas as pd
 from pytest import approx
 
 from tests.analysis.fake_results import rec, results
-from posenc_bench.analysis.context import (context_positions, context_use, cost_table, late_spread, on_plateau,
-                                           plateau_note, plateau_rows, training_table)
+from posenc_bench.analysis.context import (CONTEXT_TITLES, context_positions, context_title, context_use, cost_table,
+                                           late_spread, on_plateau, plateau_note, plateau_rows, training_table)
 from posenc_bench.analysis.report import render
 from posenc_bench.analysis.runs import Run
 
@@ -123,3 +124,14 @@ def test_task_rows_that_did_not_learn_are_flagged_and_the_needle_has_its_depth_t
     assert table["effective size"].tolist() == ["100", "", "none", ""]  # rope: every depth >= 90% at 100, not at 200
     assert table.loc["rope"]["200"].tolist() == ["1.00", "0.00"]
     assert depth_table([rec("rope", 0, 100, 3.0)]).empty
+
+
+def test_the_training_tables_title_says_only_what_its_columns_show():
+    both = pd.DataFrame({"train loss @ step 100": ["2.1"], "1x loss, positions 0-7": ["3.0"]})
+    trained_only = pd.DataFrame({"train loss @ step 100": ["2.1"]})
+    pretrained = pd.DataFrame({"1x loss, positions 0-7": ["3.0"], "1x loss, positions 64-127": ["2.0"]})
+    assert context_title("training", both) == CONTEXT_TITLES["training"]
+    assert context_title("training", trained_only) == "Training (train loss, nats), each the mean over the row's seeds"
+    assert context_title("training", pretrained, split="all") == (
+        "Context use at 1x (eval loss early vs late in the window, nats), each the mean over the row's seeds")
+    assert "Training" not in context_title("training", pretrained)
