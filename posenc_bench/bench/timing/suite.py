@@ -35,7 +35,7 @@ from typing import Callable, Optional
 
 import torch
 
-from posenc_bench import encodings
+from posenc_bench import encodings, native
 from posenc_bench.bench.eval import memory as eval_memory
 from posenc_bench.bench.timing import mfu
 from posenc_bench.bench.timing.measure import (CLOCK_STEPS, FUSED, alternate_rounds, clock_resolution, measure, median,
@@ -123,9 +123,11 @@ def rope_fixes(train_len: int) -> list[str]:
 
 def machine(device: torch.device) -> dict:
     """Where the numbers were measured: torch, the device, its thread count, the CPU (``env.cpu_name``: model
-    and instruction set), the GPU, and the effective resolution of the clock the Timer reads."""
+    and instruction set), the C compiler of the CPU kernels (``native``; None: CoPE and FIRE ran on torch ops),
+    the GPU, and the effective resolution of the clock the Timer reads."""
     info = {"torch": torch.__version__, "device": str(device), "threads": torch.get_num_threads(),
-            "cpu": cpu_name(), "python": platform.python_version(), "timer_resolution_s": clock_resolution()}
+            "cpu": cpu_name(), "python": platform.python_version(), "timer_resolution_s": clock_resolution(),
+            "cc": native.compiler_version()}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
         info["cuda"] = torch.version.cuda

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from posenc_bench import encodings
+from posenc_bench import encodings, native
 from posenc_bench.bench.timing.suite import (PARTS, TimingConfig, bias_encodings, clock_note, fused_first, markdown, parts,
                                              rope_fixes, row_label, run_timing, seconds, timed_encodings, write_outputs)
 from posenc_bench.errors import ConfigError
@@ -26,6 +26,7 @@ def test_time_writes_json_csv_and_markdown(tmp_path, capsys):
     assert data["machine"]["torch"] == torch.__version__ and data["machine"]["threads"] >= 1
     assert data["machine"]["cpu"] == cpu_name() and "(" in cpu_name()  # the model and its instruction set
     assert 0 < data["machine"]["timer_resolution_s"] < 1e-3
+    assert data["machine"]["cc"] == native.compiler_version()  # what built the CPU kernels, or None
     rows = data["rows"]
     gen = {(r["encoding"], r["length"]) for r in rows if r["part"] == "generation"}
     assert {("sinusoidal", 64), ("rope", 96), ("alibi", 64), ("t5", 96), ("learned", 64)} <= gen
