@@ -148,9 +148,9 @@ class _Lines(torch.autograd.Function):
         keep = any(ctx.needs_input_grad)  # backward reads u - p_s: whole, else one block at a time (evaluation)
         values, slopes = value.t().contiguous(), slope.t().contiguous()  # (H, S)
         ctx.kernel = fire_kernel.usable(u, piece)  # the C kernels: float32 on the CPU
-        if ctx.kernel:
-            out, offset = fire_kernel.lines(u.contiguous(), piece.contiguous(), inside.contiguous(), values, slopes,
-                                            keep)
+        if ctx.kernel:  # the line tables in float32 (under autocast the MLP gave them in bf16)
+            out, offset = fire_kernel.lines(u.contiguous(), piece.contiguous(), inside.float().contiguous(),
+                                            values.float(), slopes.float(), keep)
             ctx.save_for_backward(offset, piece, slope)
             return out
         offset = torch.empty_like(u) if keep else None
@@ -170,7 +170,7 @@ class _Lines(torch.autograd.Function):
         S, H = slope.shape
         slopes = slope.t().contiguous()  # (H, S)
         if ctx.kernel:
-            du, sums = fire_kernel.lines_backward(g.contiguous(), offset, piece.contiguous(), slopes)
+            du, sums = fire_kernel.lines_backward(g.float().contiguous(), offset, piece.contiguous(), slopes.float())
             return du, None, None, sums[H:].t().to(slope.dtype), sums[:H].t().to(slope.dtype)
         du = torch.empty_like(offset)
         sums = torch.zeros(2 * H, S, dtype=g.dtype, device=g.device)  # per piece: sum of g, of g (u - p)

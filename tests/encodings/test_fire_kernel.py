@@ -56,3 +56,28 @@ def test_without_a_compiler_fire_warns_and_keeps_its_torch_ops(monkeypatch, tmp_
             assert not fire_kernel.usable(torch.zeros(1, 2, 3), torch.zeros(1, 2, 3, dtype=torch.uint8))
     finally:
         native._load.cache_clear()
+
+
+def test_under_bf16_autocast_the_kernels_take_the_bf16_line_tables_and_equal_the_torch_ops(monkeypatch):
+    """Under CPU autocast the MLP gives its line tables in bf16; the kernels read them as float32, as the torch
+    ops' type promotion does: the same bias and gradients."""
+    if fire_kernel.library() is None:
+        pytest.skip(native.why_not("fire", fire_kernel.SOURCE))
+    from posenc_bench.encodings.fire import FIRE
+
+    pos = torch.arange(40)
+    results = []
+    for kernel in (True, False):
+        if not kernel:
+            monkeypatch.setattr(fire_kernel, "usable", lambda u, piece: False)
+        torch.manual_seed(0)
+        enc = FIRE(d_model=16, n_heads=2, train_len=32)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            bias = enc.bias(pos, pos)
+        grads = torch.autograd.grad(bias, list(enc.parameters()), torch.ones_like(bias), allow_unused=True)
+        results.append((bias, grads))
+    (b1, g1), (b2, g2) = results
+    assert b1.dtype == b2.dtype == torch.float32
+    torch.testing.assert_close(b1, b2, rtol=1e-6, atol=1e-6)
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
