@@ -25,8 +25,11 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Optional
+
+import torch
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared")
 
@@ -109,3 +112,20 @@ def load(name: str, source: str, signatures: Optional[dict] = None) -> Optional[
 def why_not(name: str, source: str) -> str:
     """Why ``load(name, source)`` returned None ("" where it did not)."""
     return _load(name, source)[1]
+
+
+def loaded(name: str, source: str, signatures: dict, what: str) -> bool:
+    """Whether kernel library ``name`` is built here; where it is not, a RuntimeWarning (shown once per place)
+    that ``what`` runs on its torch ops instead, and why."""
+    if load(name, source, signatures) is not None:
+        return True
+    warnings.warn(f"{what} runs on torch ops, slower: {why_not(name, source)}", RuntimeWarning, 3)
+    return False
+
+
+def pointer(t: Optional[torch.Tensor], dtype: torch.dtype = torch.float32) -> Optional[int]:
+    """The address a kernel reads ``t`` at (None: NULL), which must be a contiguous CPU tensor of ``dtype``."""
+    if t is None:
+        return None
+    assert t.is_contiguous() and t.dtype == dtype and t.device.type == "cpu", (t.shape, t.dtype)
+    return t.data_ptr()

@@ -10,12 +10,12 @@ ops run.
 from __future__ import annotations
 
 import ctypes
-import warnings
 from typing import Optional
 
 import torch
 
 from posenc_bench import native
+from posenc_bench.native import pointer as _ptr
 
 SOURCE = r"""#include <math.h>
 #include <stdint.h>
@@ -156,17 +156,7 @@ def library() -> Optional[ctypes.CDLL]:
 def usable(x: torch.Tensor) -> bool:
     """Whether the kernels take this chunk: float32 logits on the CPU, with the library built (a warning, once,
     where it cannot be)."""
-    if x.device.type != "cpu" or x.dtype != torch.float32:
-        return False
-    if library() is None:
-        warnings.warn(f"CoPE runs on torch ops, slower: {native.why_not('cope', SOURCE)}", RuntimeWarning, 2)
-        return False
-    return True
-
-
-def _ptr(t: torch.Tensor) -> int:
-    assert t.is_contiguous() and t.dtype == torch.float32 and t.device.type == "cpu", (t.shape, t.dtype)
-    return t.data_ptr()
+    return x.device.type == "cpu" and x.dtype == torch.float32 and native.loaded("cope", SOURCE, _SIGNATURES, "CoPE")
 
 
 def gates(x: torch.Tensor, npos: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,12 +9,12 @@ for float32 on the CPU with pieces counted into uint8 (``fire.pieces``), where a
 from __future__ import annotations
 
 import ctypes
-import warnings
 from typing import Optional
 
 import torch
 
 from posenc_bench import native
+from posenc_bench.native import pointer as _ptr
 
 SOURCE = r"""#include <omp.h>
 #include <stdint.h>
@@ -107,19 +107,8 @@ def library() -> Optional[ctypes.CDLL]:
 def usable(u: torch.Tensor, piece: torch.Tensor) -> bool:
     """Whether the kernels take these pairs: float32 u on the CPU, uint8 pieces, the library built (a warning,
     once, where it cannot be)."""
-    if u.device.type != "cpu" or u.dtype != torch.float32 or piece.dtype != torch.uint8:
-        return False
-    if library() is None:
-        warnings.warn(f"FIRE runs on torch ops, slower: {native.why_not('fire', SOURCE)}", RuntimeWarning, 2)
-        return False
-    return True
-
-
-def _ptr(t: Optional[torch.Tensor], dtype: torch.dtype = torch.float32) -> Optional[int]:
-    if t is None:
-        return None
-    assert t.is_contiguous() and t.dtype == dtype and t.device.type == "cpu", (t.shape, t.dtype)
-    return t.data_ptr()
+    return (u.device.type == "cpu" and u.dtype == torch.float32 and piece.dtype == torch.uint8
+            and native.loaded("fire", SOURCE, _SIGNATURES, "FIRE"))
 
 
 def lines(u: torch.Tensor, piece: torch.Tensor, inside: torch.Tensor, values: torch.Tensor, slopes: torch.Tensor,
