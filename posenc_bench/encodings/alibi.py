@@ -41,6 +41,7 @@ class ALiBi(Encoding):
     paper = "Press et al., ICLR 2022 (arXiv:2108.12409)"
     has_bias = True
     has_low_rank_bias = True
+    distance_only = True
     batched_positions = True
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int) -> None:

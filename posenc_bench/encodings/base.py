@@ -110,6 +110,15 @@ class Encoding(nn.Module):
     # True when every position-reading hook accepts (B, T) positions (one row per sequence): the encodings
     # ``+rand`` can wrap.
     batched_positions: ClassVar[bool] = False
+    # True for a layer's view (``for_layer``) whose positions are its own (``+rand``'s per-layer draws): the
+    # model then plans that layer's attention from the view's ``positions`` instead of the forward's.
+    own_positions: ClassVar[bool] = False
+    # True when ``bias`` is a function of the distance i - j alone (a Toeplitz matrix: ALiBi, KERPLE, T5):
+    # ``+rand`` then draws random distances, as its authors do for ALiBi, instead of random positions.
+    distance_only: ClassVar[bool] = False
+    # How ``+rand`` over this encoding evaluates by default: "random" positions, as Ruoss et al. 2023 do at
+    # test time, or "ordered" (0 .. L-1) where the authors of the randomized recipe evaluate so (FIRE).
+    randomized_eval: ClassVar[str] = "random"
     # True when positions enter through ``embed`` (added to the token embeddings): a key's position is then
     # part of its hidden state in every layer, so attention cannot re-index it (no attention-sink rows).
     positions_in_embedding: ClassVar[bool] = False
@@ -245,7 +254,9 @@ def consecutive_start(pos: torch.Tensor) -> Optional[int]:
 def pair_score_mod(bias_at: Callable, q_pos: torch.Tensor, k_pos: torch.Tensor) -> Callable:
     """A FlexAttention score_mod from ``bias_at(h, i, j)``, the bias of head h for a query at position i and a key
     at j (0-d tensors): each index is looked up in the chunk's positions, (q,), (k,) or per sequence (B, q),
-    (B, k) (``+rand``), so offsets and random positions need nothing else."""
+    (B, k) (``+rand``), so offsets and random positions need nothing else; (1, q), (1, k) are shared by the batch."""
+    if q_pos.dim() == 2 and q_pos.shape[0] == 1:  # one row for every sequence (+rand's per-layer draws)
+        q_pos, k_pos = q_pos[0], k_pos[0]
     if q_pos.dim() == 1:
         return lambda score, b, h, q_idx, kv_idx: score + bias_at(h, q_pos[q_idx], k_pos[kv_idx])
     return lambda score, b, h, q_idx, kv_idx: score + bias_at(h, q_pos[b, q_idx], k_pos[b, kv_idx])

@@ -193,6 +193,9 @@ class FIRE(Encoding):
     paper = "Li et al., ICLR 2024 (arXiv:2310.04418)"
     has_bias = True
     batched_positions = True
+    # fire+rand as mcleish7/arithmetic runs it: random positions in training only; evaluated at 0 .. L-1
+    # (embeddings.py lines 455-464: max_length = seq_length when not training, so the draw is every position)
+    randomized_eval = "ordered"
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int, mlp_width: int = 32, threshold: float = 512.0,
                  c_init: float = 0.1) -> None:

@@ -42,6 +42,7 @@ class _Kerple(Encoding):
     paper = "Chi et al., NeurIPS 2022 (arXiv:2205.09921)"
     has_bias = True
     has_distance_bias = True
+    distance_only = True
     batched_positions = True
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int) -> None:

@@ -37,6 +37,7 @@ class T5Bias(Encoding):
     family = "relative bias"
     paper = "Raffel et al., JMLR 2020 (arXiv:1910.10683)"
     has_bias = True
+    distance_only = True
     has_distance_bias = True
 
     def __init__(

@@ -3,7 +3,8 @@
 Reading order: config -> attention -> block -> model. The model calls the encoding's hooks and never asks
 which encoding it has:
   positions(B, T) once per forward; embed(x, pos) once after the token embedding; rotate(q, k, pos) in every
-  layer; bias(q_pos, k_pos) for the attention logits (shared by all layers); attention_logits(...) per query
+  layer; bias(q_pos, k_pos) for the attention logits (shared by all layers, but for a layer view with
+  ``own_positions``, planned from its own positions: ``+rand``'s per-layer draws); attention_logits(...) per query
   chunk for an encoding that computes the logits itself (``has_attention_logits``: CoPE, ReRoPE, Self-Extend).
   An encoding with ``attention_sinks`` (StreamingLLM rows) gets the same hooks, called again for the queries'
   cache positions towards the sinks (``sinks.py``).
@@ -154,9 +155,16 @@ class DecoderLM(nn.Module):
         # asked once here, on the host, and memoized on pos: no layer syncs or breaks a compiled graph for it
         encodings.consecutive_start(pos)
         x = self.encoding.embed(self.tok_emb(idx), pos)  # (B, T, C)
-        plan = AttentionPlan(self.encoding, pos, self.window, self.max_mask_bytes, batch=B)
+        plan = None  # one plan shared by the layers, made at the first layer that uses it
         for i, block in enumerate(self._compiled or self.blocks):
-            x = block(x, self.encoding.for_layer(i), plan)
+            layer = self.encoding.for_layer(i)
+            if layer.own_positions:  # this layer's positions are its own (+rand's per-layer draws): its own plan
+                layer_plan = AttentionPlan(layer, layer.positions(B, T, idx.device), self.window,
+                                           self.max_mask_bytes, batch=B)
+            else:
+                plan = plan or AttentionPlan(self.encoding, pos, self.window, self.max_mask_bytes, batch=B)
+                layer_plan = plan
+            x = block(x, layer, layer_plan)
         logits = self.lm_head(self.ln_f(x))  # (B, T, V_pad)
         return logits[..., :self.cfg.vocab_size] if logits.shape[-1] != self.cfg.vocab_size else logits  # (B, T, V)
 

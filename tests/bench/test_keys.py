@@ -20,13 +20,18 @@ def committed_results():
 
 
 # Records whose keys were made before their rows' key rules changed (+rand's eval positions and the fixes'
-# eval options entered the eval key, CoPE's and sinusoidal's resolved options the cell key): those two folders
-# keep them as they were measured; every other record of theirs is checked.
+# eval options entered the eval key, CoPE's and sinusoidal's resolved options the cell key, +rand's sampler):
+# those folders keep them as they were measured; every other record of theirs is checked.
 STALE = {
     "results/full": {"sinusoidal", "cope", "sinusoidal+rand", "learned+rand", "rope+rand", "alibi+rand", "fire+rand",
                      "rope-rerope", "rope-leaky"},
     "results/sotu-512-full": {"cope", "sinusoidal+rand", "learned+rand", "rope+rand", "alibi+rand", "fire+rand",
                               "xpos+rand", "kerple-power+rand", "rope-rerope", "rope-leaky"},
+    # made under the per-sequence sampler, before the authors' sampler became +rand's default (and its key)
+    **{f"results/tasks/{t}": {"rope+rand", "alibi+rand", "fire+rand"}
+       for t in ("copy", "reverse", "addition", "addition-hints")},
+    "results/tasks/copy-full": {"fire+rand", "kerple+rand", "kerple-power+rand", "learned+rand", "rope-partial+rand",
+                                "sinusoidal+rand", "xpos+rand"},
 }
 
 

@@ -59,3 +59,28 @@ def test_consecutive_start_is_worked_out_once_per_tensor(monkeypatch):
     assert consecutive_start(pos[3:]) == 5 and consecutive_start(other[1:]) == 2
     with torch.inference_mode():
         assert consecutive_start(torch.arange(4)) == 0
+
+
+def _declaring(flag: str) -> list[str]:
+    from posenc_bench import encodings
+    return [n for n in encodings.trained() if getattr(encodings.get_class(n), flag) and "+" not in n]
+
+
+@pytest.mark.parametrize("name", _declaring("distance_only"))
+def test_a_distance_only_bias_is_a_function_of_i_minus_j(name):
+    """What ``distance_only`` promises (``+rand`` draws distances for it): shifting queries and keys together
+    leaves the bias as it is, on consecutive and on scattered positions."""
+    from posenc_bench import encodings
+    torch.manual_seed(0)
+    enc = encodings.build(name, d_model=16, n_heads=2, train_len=64)
+    with torch.no_grad():
+        for raw in (torch.arange(40), torch.tensor([0, 3, 4, 9, 17, 18, 30, 55])):
+            base = enc.bias(raw, raw)
+            for shift in (1, 37, 500):
+                shifted = enc.bias(raw + shift, raw + shift)
+                visible = (raw[:, None] >= raw[None, :]).expand_as(base)
+                assert torch.allclose(shifted[visible], base[visible], atol=1e-6), (name, shift)
+
+
+def test_the_distance_only_rows_are_those_with_a_bias_of_the_distance():
+    assert set(_declaring("distance_only")) == {"alibi", "t5", "kerple", "kerple-power"}  # not FIRE: psi(max(i, L))

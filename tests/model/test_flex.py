@@ -31,11 +31,32 @@ BIAS_ROWS = [n for n in encodings.trained() if encodings.get_class(n).has_bias]
 OPTIONS = {"threshold": 64.0, "mlp_width": 8}
 
 
-def _encoding(name: str) -> encodings.Encoding:
-    options = OPTIONS if "fire" in name else {}
+# +rand rows under both samplers: the earlier per-sequence positions (B, T), and the authors' per-layer views
+CASES = [(n, None) for n in BIAS_ROWS if not n.endswith("+rand")] + [
+    (n, s) for n in BIAS_ROWS if n.endswith("+rand") for s in ("per-sequence", "authors")]
+
+
+def _encoding(name: str, sampler: str = "per-sequence") -> encodings.Encoding:
+    options = dict(OPTIONS) if "fire" in name else {}
+    if name.endswith("+rand"):
+        options.update(sampler=sampler, eval_positions="random")
     enc = encodings.build(name, d_model=H * D, n_heads=H, train_len=TRAIN, options=options).eval()
     enc.set_eval_length(T)
     return enc
+
+
+def _attending(name: str, sampler) -> tuple[encodings.Encoding, torch.Tensor]:
+    """The encoding a layer attends with and the positions its plan is made from: under the authors' sampler,
+    layer 0's view and its drawn positions (or slots, with drawn distances)."""
+    enc = _encoding(name, sampler)
+    pos = enc.positions(B, T, torch.device("cpu"))
+    if sampler == "authors":
+        enc = enc.for_layer(0)
+        assert enc.own_positions
+        pos = enc.positions(B, T, torch.device("cpu"))
+    else:
+        assert pos.dim() == (2 if name.endswith("+rand") else 1)
+    return enc, pos
 
 
 def _flex_plan(monkeypatch, enc, pos, window) -> AttentionPlan:
@@ -79,15 +100,13 @@ def test_a_score_mod_captures_small_tensors_only(name):
 
 
 @pytest.mark.parametrize("window,chunked", [(None, False), (50, False), (50, True)])
-@pytest.mark.parametrize("name", BIAS_ROWS)
-def test_the_flex_path_equals_todays_paths(monkeypatch, name, window, chunked):
+@pytest.mark.parametrize("name,sampler", CASES)
+def test_the_flex_path_equals_todays_paths(monkeypatch, name, sampler, window, chunked):
     """One layer's attention (B, H, T, D) on the flex path equals the CPU's path today and the bias mask that
     CUDA takes today, in one chunk and in chunks of 70 queries (offsets within each chunk's positions), with
-    and without a window; +rand rows on per-sequence positions (B, T)."""
+    and without a window; +rand rows on per-sequence positions (B, T) and on the authors' per-layer draws."""
     budget = 4 * H * B * T * 70 if chunked else 64 << 20  # today's chunks: 70 or 140 queries
-    enc = _encoding(name)
-    pos = enc.positions(B, T, torch.device("cpu"))
-    assert pos.dim() == (2 if name.endswith("+rand") else 1)
+    enc, pos = _attending(name, sampler)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B, H, T, D, generator=g) for _ in range(3))
     scale = D**-0.5
