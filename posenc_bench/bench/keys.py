@@ -3,8 +3,9 @@
 - ``cell_key``: a trained model's weights (its own encoding's options, not every encoding's);
 - ``finetune_key``: a fine-tuned model (the trained model's key, the row, its options, the resolved plan);
 - ``model_key``: the model a row evaluates: its trained model's key, or its fine-tuned model's;
-- ``eval_key``: the evaluation settings that change a row's numbers (and an eval-only row's own options, and
-  the eval-time options of an encoding that has them: ``+rand``'s eval positions);
+- ``eval_key``: the evaluation settings that change a row's numbers (and an eval-only row's own options, the
+  eval-time options of an encoding that has them: ``+rand``'s eval positions, and with ``eval.tune`` the grid
+  of each length a zero-shot row's options are chosen from: ``bench/eval/tune.py``);
 - ``hf_eval_key``: everything a Hugging Face model's numbers depend on in ``eval``.
 
 :class:`Keys` computes each key of a run once. Keys of rows without encoding options are the ones results
@@ -22,6 +23,7 @@ from dataclasses import asdict
 from typing import Optional
 
 from posenc_bench.bench.config import RunConfig
+from posenc_bench.bench.eval import tune
 from posenc_bench.bench.rows import Row
 
 NUMERICS = 1
@@ -119,7 +121,7 @@ def model_key(cfg: RunConfig, row: Row, seed: int, corpus_fingerprint: str) -> s
 def eval_key(cfg: RunConfig, row: Optional[Row] = None) -> str:
     """Hash of the evaluation settings that change a number (not the batch size); with ``row``, an eval-only
     row's own options (e.g. a fixed RoPE scaling factor) too."""
-    ident = {k: v for k, v in asdict(cfg.eval).items() if k != "batch_tokens"}
+    ident = {k: v for k, v in asdict(cfg.eval).items() if k not in ("batch_tokens", "tune")}  # tune: per row, below
     if ident["protocol"] == "nonoverlapping":  # the default protocol keeps the keys results were made with
         del ident["protocol"], ident["stride"]
     if ident.get("windows") == "stream":  # the default windows, too (documents: within single documents)
@@ -133,6 +135,9 @@ def eval_key(cfg: RunConfig, row: Optional[Row] = None) -> str:
     evaluated = row_eval_options(cfg.model.encoding_options, row) if row is not None else {}
     if evaluated:  # e.g. +rand's random eval positions and their seed; absent where a row evaluates as before
         ident["eval_options"] = evaluated
+    tuned = tune.grids(cfg, row) if row is not None else {}
+    if tuned:  # eval.tune: the grid of each length, chosen on the valid split; absent where nothing is tuned
+        ident["tuning"] = {"split": tune.SPLIT, "grids": tuned}
     return _hash(ident)
 
 
@@ -140,16 +145,18 @@ def row_eval_options(encoding_options: dict, row: Row) -> dict:
     """The eval-time options of ``row``'s encoding that make its numbers, resolved from ``encoding_options``
     (``model.encoding_options``; an eval-only row's merged over its trained encoding's, as it is built): {} for
     every encoding without any (``eval_options``), and for ``+rand`` evaluated at 0 .. L-1."""
-    options = {**encoding_options.get(row.cls.trained_as, {}), **encoding_options.get(row.encoding, {})}
-    return row.cls.eval_options(options)
+    return row.cls.eval_options(tune.row_options(encoding_options, row))
 
 
 def hf_eval_key(model: dict, *, train_len: int, lengths: list[int], corpus: str, eval_fingerprint: str,
                 doc_sep: Optional[int], buckets: int, unit: int) -> str:
     """Hash of what a Hugging Face model's numbers depend on: its weights (``model``: the identity fields of
-    ``HFModel.describe``), its train length, the eval lengths, the text and how it is cut and scored."""
+    ``HFModel.describe``), its train length, the eval lengths, the text and how it is cut and scored: the token
+    before each document (``doc_sep``), and that it is context only, never a target (``separators``; the keys
+    of records made while it was scored have no such field)."""
     ident = {"model": model, "train_len": train_len, "lengths": lengths, "corpus": corpus,
-             "eval_fingerprint": eval_fingerprint, "doc_sep": doc_sep, "buckets": buckets, "unit": unit}
+             "eval_fingerprint": eval_fingerprint, "doc_sep": doc_sep, "separators": "context", "buckets": buckets,
+             "unit": unit}
     return _hash(ident)
 
 

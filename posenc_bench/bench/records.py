@@ -88,7 +88,8 @@ class ResultsStore:
 # ---- the record ----------------------------------------------------------------------------------------
 
 MEASURED = ("ppl", "bpb", "loss", "tokens", "bytes", "loss_by_position", "units", "eval_time_s", "peak_memory_bytes",
-            "peak_memory_kind", "accuracy", "token_accuracy", "instances", "by_depth")
+            "peak_memory_kind", "accuracy", "token_accuracy", "instances", "by_depth",
+            "tuning")  # eval.tune's choice on the valid split (bench/eval/tune.py); absent: the defaults, untuned
 
 
 def new_record(run: dict, row: str, seed: int, eval_len: int, *, metric: str = "ppl", **fields: Any) -> dict:
@@ -222,8 +223,9 @@ NOT_IDENTITY = (
     # when a run is called diverged changes no finished model; a diverged cell records its rule and is trained
     # again by a run under another one (``bench/sweep``)
     "config.train.divergence_patience",
-    # per row (``row_settings``): a cell's own encoding options, and the fine-tuning of the -ft rows
-    "config.model.encoding_options", "config.finetune",
+    # per row (``row_settings``): a cell's own encoding options, the fine-tuning of the -ft rows, and whether
+    # eval.tune chose a zero-shot row's options (a record's ``tuning``; rows without a grid are untouched by it)
+    "config.model.encoding_options", "config.finetune", "config.eval.tune",
 )
 _EVALUATED_MODEL = ("kind", "ref", "gguf_file", "dtype", "file_sha256", "files_sha256", "hub_commit",
                     "encoding", "window", "seed", "cell_key", "weights_sha256")
@@ -257,8 +259,8 @@ def identity(run: dict) -> dict[str, Any]:
 
 def row_settings(rec: dict) -> dict[str, Any]:
     """The settings of one row that its cell and eval keys hold beyond the run's identity: its encoding's own
-    options (and those of the trained encoding it evaluates), the fine-tuning of a -ft row, and the eval-time
-    options it was evaluated with (a record's ``eval_options``)."""
+    options (and those of the trained encoding it evaluates), the fine-tuning of a -ft row, the eval-time
+    options it was evaluated with (a record's ``eval_options``) and the split its options were tuned on."""
     from posenc_bench import encodings
     from posenc_bench.errors import UnknownEncodingError
 
@@ -274,6 +276,8 @@ def row_settings(rec: dict) -> dict[str, Any]:
         out["finetune"] = cfg.get("finetune")
     if rec.get("eval_options"):  # e.g. +rand evaluated at random positions (absent: at 0 .. L-1, as before)
         out["eval_options"] = rec["eval_options"]
+    if rec.get("tuning"):  # its options chosen on the valid split (absent: the defaults, untuned)
+        out["tuned_on"] = rec["tuning"]["split"]
     return _leaves(out, "")
 
 

@@ -4,7 +4,8 @@ write the cell's records. Only the loop over cells lives here:
 - the model of a cell comes from :class:`Models`: its checkpoint when one was finished with the cell's key
   (``bench.checkpoint``), else trained (``bench.train``); a ``-ft`` row's model is its trained model
   continued at the fine-tune length (the same training loop with a fine-tuning plan);
-- its numbers come from ``bench.evaluate``; its records and the folder's identity from ``bench.records``.
+- its numbers come from ``bench.evaluate`` (through ``bench/eval/tune.py``, which with ``eval.tune`` first chooses
+  a zero-shot row's options on the valid split); its records and the folder's identity from ``bench.records``.
 
 Finished cells are skipped on a rerun; the results file is rewritten atomically after each cell, under the
 folder's lock.
@@ -24,6 +25,7 @@ import yaml
 from posenc_bench.bench import checkpoint, work
 from posenc_bench.bench.train import eta, plans, probe
 from posenc_bench.bench.config import RunConfig, TrainConfig
+from posenc_bench.bench.eval.tune import Tuner
 from posenc_bench.bench.run.dist import Dist
 from posenc_bench.bench.keys import Keys, model_key
 from posenc_bench.bench.records import (ResultsFolder, ResultsStore, check_deletable, finished, model_record, run_meta,
@@ -195,6 +197,7 @@ class Sweep:
         self.work = work.for_run(cfg, self.out)  # text (a BPE kept in the folder, or trained here) or a task
         self.keys = Keys(cfg, self.work.fingerprint)
         self.models = Models(cfg, self.work, rt, self.out, self.keys)
+        self.tuner = Tuner(cfg, self.work, rt)  # each length as ever, or with eval.tune chosen on the valid split
         dist = rt.dist
         self.run_meta = run_meta(
             config=cfg.to_dict(), rows=[row.name for row in cfg.rows()], train_len=self.work.train_len,
@@ -258,6 +261,9 @@ class Sweep:
                  f"  {self.work.describe()}; device "
                  f"{in_words(self.run_meta['device'])}; out {self.out} (its config.yaml holds the whole config)",
                  f"  work: {eta.cost_line(cfg, cells)}"]
+        if cfg.eval.tune:
+            lines.append("  eval.tune: the zero-shot rows' options chosen on the valid split at every length, the test "
+                         "split reported at the choice")
         if self.shard is not None and not cells:
             lines.append(f"  shard {self.shard[0]} of {self.shard[1]} has no cells: the sweep has fewer trained models "
                          "than shards")
@@ -272,7 +278,7 @@ class Sweep:
         keys, config = self.keys.cell(row, seed), self.cfg.to_dict()
         records = [score(model_record(self.run_meta, row, seed, L, keys=keys, meta=meta, config=config,
                                       metric=self.work.metric),
-                         lambda L=L: self.work.evaluate(model, L, self.rt)) for L in self.work.lengths]
+                         lambda L=L: self.tuner.evaluate(model, row, seed, L)) for L in self.work.lengths]
         self.store.put_cell(row.name, seed, records)  # saved before it is reported: a row that was logged is on disk
         self.rt.log(summary_line(f"{row} seed {seed}", records))
         return records

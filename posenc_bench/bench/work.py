@@ -7,6 +7,7 @@ picks the kind from the config (``task.name``).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -14,7 +15,7 @@ import torch
 
 from posenc_bench.bench.config import RunConfig, load_run_corpus
 from posenc_bench.bench.eval.evaluate import EvalSet, evaluate_model
-from posenc_bench.data import Corpus, TrainBatches
+from posenc_bench.data import Corpus, TrainBatches, tokens_fingerprint
 from posenc_bench.errors import DataError
 from posenc_bench.tokenizer import keep_tokenizer
 
@@ -31,6 +32,7 @@ class TextWork:
         self.evalset = EvalSet.for_run(cfg, self.corpus)
         self.lengths, self.train_len, self.fingerprint = self.evalset.lengths, cfg.train.train_len, self.corpus.fingerprint
         self._stream: Optional[torch.Tensor] = None
+        self._valid: Optional[EvalSet] = None
         check_train_split(cfg, self.corpus)
 
     def batches(self, seed: int) -> TrainBatches:
@@ -38,8 +40,23 @@ class TextWork:
             self._stream = self.corpus.stream("train")
         return TrainBatches(self._stream, self.cfg.train.train_len, self.cfg.train.batch_size, seed)
 
-    def evaluate(self, model, length: int, rt) -> dict:
-        return evaluate_model(model, self.evalset, length, rt)
+    def evaluate(self, model, length: int, rt, valid: bool = False) -> dict:
+        """The numbers of ``model`` at ``length`` on the run's eval set (``valid``: the valid split's, cut alike)."""
+        return evaluate_model(model, self.valid() if valid else self.evalset, length, rt)
+
+    def valid(self) -> EvalSet:
+        """The valid split cut as the eval set is (its tokens, windows, protocol), built once: what ``eval.tune``
+        chooses on (``bench/eval/tune.py``)."""
+        if self._valid is None:
+            self._valid = EvalSet.for_run(replace(self.cfg, eval=replace(self.cfg.eval, split="valid")), self.corpus)
+        return self._valid
+
+    def valid_meta(self) -> dict:
+        """What a tuned record says of the text its choice was made on: split, targets, fingerprint."""
+        v = self.valid()
+        tok = (v.tokenizer or {}).get("fingerprint")
+        return {"split": "valid", "targets": int(v.segments.shape[0] * (v.segments.shape[1] - 1)),
+                "fingerprint": tokens_fingerprint(v.segments, tok)}
 
     def meta(self) -> dict:
         """What a run's metadata records of the text: the corpus, the eval segments, the documents scored."""

@@ -32,8 +32,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     e.add_argument("--out", help="output folder (default runs/eval-<model>)")
     add_device(e)
     add_precision(e, PRECISIONS, what=" (a Hugging Face model's weights; default fp32; a checkpoint: its own)")
-    e.add_argument("--doc-sep", default="auto",
-                   help="token before each document: auto (BOS if the tokenizer adds it, else EOS) | none | a token")
+    e.add_argument("--doc-sep", default="separator",
+                   help="Hugging Face models: the token before each document, context only (never scored): separator "
+                        "(the model's pretraining document separator: BOS if the tokenizer adds it, else "
+                        "<|endoftext|> or <|end_of_text|>, else EOS; default) | eos | lm-eval (lm-evaluation-harness's "
+                        "prefix: BOS, else EOS) | none | a token")
     e.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code from its repository")
     e.add_argument("--fresh", action="store_true", help="delete the output folder's results first (a committed "
                    "results folder, one git tracks, also needs --delete-committed)")

@@ -33,6 +33,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     r.add_argument("--protocol", choices=("nonoverlapping", "strided"),
                    help="nonoverlapping windows (default) or strided: each window scores only its last --stride targets")
     r.add_argument("--stride", type=int, help="targets scored per window in the strided protocol, e.g. 256")
+    r.add_argument("--tune", action="store_true", default=None, help="choose each zero-shot fix's options (ReRoPE's "
+                   "w, Self-Extend's G and W, YaRN's bounds, the sinks' count) on the valid split at every length from "
+                   "its class's grid, and report the test split at the choice (eval.tune; default: authors' defaults)")
     r.add_argument("--finetune-steps", type=int, help="steps of the -ft rows' fine-tuning (default: 10%% of --steps)")
     r.add_argument("--finetune-len", help="length the -ft rows are fine-tuned at, e.g. 4x (default: the longest eval length)")
     r.add_argument("--out", help="output folder (results.json, results.csv, table.md, checkpoints/); default: "
@@ -79,7 +82,7 @@ SIMPLE = {  # flag attribute -> config key
     "data": "data.source", "d_model": "model.d_model", "n_layers": "model.n_layers", "n_heads": "model.n_heads",
     "precision": "precision", "finetune_steps": "finetune.steps", "finetune_len": "finetune.len",
     "protocol": "eval.protocol", "stride": "eval.stride", "grad_accum": "grad_accum",
-    "compile": "train.compile",
+    "compile": "train.compile", "tune": "eval.tune",
 }
 
 

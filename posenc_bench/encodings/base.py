@@ -26,6 +26,8 @@ The hooks, all defaulting to "do nothing":
   those logits @ v by the encoding's own route (CoPE's hand-written backward).
 - optionally ``attention_block(length)``: blockwise causal attention (each query sees its own block of
   that many tokens and the previous one), or None.
+- ``tuning_grid`` and ``tuned_row`` (class methods, ``TuningHooks``): what ``eval.tune`` chooses a zero-shot
+  row's options from on the valid split, and how a point is built (``bench/eval/tune.py``).
 - ``attention_sinks`` (a class attribute, not a hook): (S, W) when the first S tokens stay visible beside a
   sliding window of W keys, with positions re-indexed within that cache (StreamingLLM); the model applies
   it through the hooks above (rows ``<encoding>+sink<S>+sw<W>``: ``encodings/sinks.py``; ``model/sinks.py``).
@@ -67,7 +69,47 @@ FAMILIES = (
 INIT_STD = 0.02
 
 
-class Encoding(nn.Module):
+class TuningHooks:
+    """What ``eval.tune`` (``bench/eval/tune.py``) asks of a row's class: the grid of its own options to choose
+    among at one eval length, and the row that evaluates a point of it. Every encoding has them (``Encoding``)."""
+
+    @classmethod
+    def tuning_grid(cls, train_len: int, eval_len: int, options: dict) -> list[dict]:
+        """The values of this row's own options that ``eval.tune`` chooses among on the valid split, at windows of
+        ``eval_len`` tokens of a model trained at ``train_len`` (``bench/eval/tune.py``): a list of points, each
+        a dict of the options it sets, the authors' default first (kept on a tie). ``options``: the row's
+        configured ones, held: a point takes their values (the protocol then drops them from every point and
+        merges equal points). [] (the default): nothing to tune there, a trained encoding or a fix that is plain
+        rope at that length. A zero-shot fix declares its grid in its own file, the source of every value in its
+        docstring."""
+        return []
+
+    @classmethod
+    def tuned_row(cls, point: dict) -> tuple[str, dict]:
+        """(registered encoding name, options) that evaluate grid point ``point``: this encoding with those
+        options by default; a row whose tuned value is in its name (attention sinks' count) maps it here."""
+        return cls.name, dict(point)
+
+
+class PositionTraits:
+    """What an encoding declares about the positions its hooks read: what ``+rand`` (``randomized.py``) needs
+    to know to wrap it, and what the model needs to know of a layer's view with positions of its own."""
+
+    # True when every position-reading hook accepts (B, T) positions (one row per sequence): the encodings
+    # ``+rand`` can wrap.
+    batched_positions: ClassVar[bool] = False
+    # True for a layer's view (``for_layer``) whose positions are its own (``+rand``'s per-layer draws): the
+    # model then plans that layer's attention from the view's ``positions`` instead of the forward's.
+    own_positions: ClassVar[bool] = False
+    # True when ``bias`` is a function of the distance i - j alone (a Toeplitz matrix: ALiBi, KERPLE, T5):
+    # ``+rand`` then draws random distances, as its authors do for ALiBi, instead of random positions.
+    distance_only: ClassVar[bool] = False
+    # How ``+rand`` over this encoding evaluates by default: "random" positions, as Ruoss et al. 2023 do at
+    # test time, or "ordered" (0 .. L-1) where the authors of the randomized recipe evaluate so (FIRE).
+    randomized_eval: ClassVar[str] = "random"
+
+
+class Encoding(TuningHooks, PositionTraits, nn.Module):
     """A positional encoding: the hooks the model calls (the module docstring lists them), all defaulting to
     "do nothing", and the capability flags that announce the optional ones."""
 
@@ -107,18 +149,6 @@ class Encoding(nn.Module):
     # True when attention_output() computes a chunk's softmax(attention_logits) @ v itself (with
     # ``has_attention_logits``), e.g. with a backward that recomputes the logits instead of saving them (CoPE).
     has_attention_output: ClassVar[bool] = False
-    # True when every position-reading hook accepts (B, T) positions (one row per sequence): the encodings
-    # ``+rand`` can wrap.
-    batched_positions: ClassVar[bool] = False
-    # True for a layer's view (``for_layer``) whose positions are its own (``+rand``'s per-layer draws): the
-    # model then plans that layer's attention from the view's ``positions`` instead of the forward's.
-    own_positions: ClassVar[bool] = False
-    # True when ``bias`` is a function of the distance i - j alone (a Toeplitz matrix: ALiBi, KERPLE, T5):
-    # ``+rand`` then draws random distances, as its authors do for ALiBi, instead of random positions.
-    distance_only: ClassVar[bool] = False
-    # How ``+rand`` over this encoding evaluates by default: "random" positions, as Ruoss et al. 2023 do at
-    # test time, or "ordered" (0 .. L-1) where the authors of the randomized recipe evaluate so (FIRE).
-    randomized_eval: ClassVar[str] = "random"
     # True when positions enter through ``embed`` (added to the token embeddings): a key's position is then
     # part of its hidden state in every layer, so attention cannot re-index it (no attention-sink rows).
     positions_in_embedding: ClassVar[bool] = False

@@ -67,6 +67,13 @@ LLAMA3_FREQ_FACTORS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
 # "NTK-by-parts" section) and the temperature's coefficient, sqrt(1/t) = 0.1 ln s + 1 (its "YaRN" section, fitted
 # on Llama models); jquesnelle/yarn scaled_rope/LlamaYaRNScaledRotaryEmbedding.py lines 24-30 (commit 995db5b).
 YARN_PARAMETERS = {"beta_fast": 32.0, "beta_slow": 1.0, "temperature_coef": 0.1}
+# rope-yarn's ``eval.tune`` grid of the ramp's bounds (the temperature kept at 0.1): the authors' Llama values
+# first, then their Mistral ones (jquesnelle/yarn scaled_rope/modeling_mistral_yarn.py line 254 at 995db5b:
+# ``beta_fast=128, beta_slow=2``), then ours: beta_fast halved down to 2 with beta_slow 1. The bounds count
+# rotations over the train length, and a short one turns the fastest pair few times (L / 2 pi: 4.5 at 28
+# tokens, 81 at 512), so the published 32 keeps no pair's frequency there; the smaller bounds keep the fastest.
+YARN_GRID = ({"beta_fast": 32.0, "beta_slow": 1.0}, {"beta_fast": 128.0, "beta_slow": 2.0},
+             *({"beta_fast": b, "beta_slow": 1.0} for b in (16.0, 8.0, 4.0, 2.0)))
 
 
 def hf_scaled_inv_freq(rope_type: str, head_dim: int, theta: float, original_len: int, *,
@@ -175,6 +182,8 @@ class Scaling:
     # its own options with their defaults (the authors' values), passed to ``frequencies`` as keywords
     parameters: Mapping[str, float] = field(default_factory=dict)
     check: Optional[Callable[..., None]] = None  # raises ValueError for bad parameters, at construction
+    # the zero-shot row's ``eval.tune`` grid over ``parameters`` (points, the default first); (): nothing tuned
+    grid: tuple[Mapping[str, float], ...] = ()
 
 
 SCALING_TABLE: tuple[Scaling, ...] = (
@@ -193,7 +202,7 @@ SCALING_TABLE: tuple[Scaling, ...] = (
             "the trained rope model with YaRN (per-frequency interpolation, attention temperature), zero-shot; "
             "Peng et al. 2024",
             "YaRN fine-tuned at the fine-tune length, as in the paper; Peng et al. 2024",
-            hf_rope_type="yarn", hf_original_len=True, parameters=YARN_PARAMETERS, check=check_yarn),
+            hf_rope_type="yarn", hf_original_len=True, parameters=YARN_PARAMETERS, check=check_yarn, grid=YARN_GRID),
     Scaling("llama3", "Dubey et al. 2024, The Llama 3 Herd of Models (arXiv:2407.21783)", llama3_frequencies,
             "the trained rope model with Llama 3.1 frequency-dependent scaling, zero-shot; Dubey et al. 2024",
             "Llama 3.1 scaling fine-tuned at the fine-tune length",
@@ -274,6 +283,12 @@ def _zero_shot_row(entry: Scaling) -> type[ScaledRoPE]:
                              **parameters)
             if self.scaling.length_dependent and self.factor < 1:  # it takes the length from the input
                 raise ValueError(f"{self.name} needs factor >= 1, got {factor}")
+
+        @classmethod
+        def tuning_grid(cls, train_len: int, eval_len: int, options: dict) -> list[dict]:
+            """The entry's ``grid`` where the scaling acts: past the train length, or everywhere at a fixed factor."""
+            acting = eval_len > train_len or float(options.get("factor") or entry.default_factor) > 1
+            return [dict(point) for point in entry.grid] if acting else []
 
     _with_parameters(ZeroShot, entry)
     return _named(ZeroShot, f"RoPE{entry.name.capitalize()}")

@@ -31,7 +31,11 @@ from posenc_bench.encodings.base import Encoding
 from posenc_bench.encodings.registry import available, get_class, register_pattern
 from posenc_bench.errors import ConfigError
 
-PAPER_SINKS = 4  # the paper's number of sink tokens
+PAPER_SINKS = 4  # the paper's number of sink tokens (its code's start_size=4: streaming_llm/kv_cache.py line 26)
+# ``eval.tune``'s sink counts, each at the row's cache size S + W (the recent window giving way): the paper's 4
+# first, then the counts its Table 2 compares at one cache size (1, 2, 4 and 8 initial tokens; 0, window
+# attention, is the control row of its own, never a tuned value).
+SINK_GRID = (PAPER_SINKS, 1, 2, 8)
 _NAME = re.compile(r"^(?P<base>.+?)\+sink(?P<sinks>[0-9]+)(?:\+sw(?P<window>[0-9]+))?$")
 
 
@@ -62,6 +66,8 @@ def sink_row(name: str) -> Optional[type[Encoding]]:
     where = f"a sliding window of {window} keys" if window else "the window it was trained with"
     return type(f"{base.__name__}Sink{sinks}" + (f"Sw{window}" if window else ""), (base,), {
         "__module__": __name__,
+        "tuning_grid": classmethod(_grid(base_name, sinks, window)),
+        "tuned_row": classmethod(lambda cls, point: (f"{base_name}+sink{point['sinks']}+sw{point['window']}", {})),
         "trained_as": base_name,
         "family": "attention sinks (zero-shot)",
         "attention_sinks": (sinks, window),
@@ -69,3 +75,19 @@ def sink_row(name: str) -> Optional[type[Encoding]]:
                    f"re-indexed within the cache (StreamingLLM), zero-shot; Xiao et al. 2024",
         "paper": f"Xiao et al., ICLR 2024, StreamingLLM (arXiv:2309.17453), over {base.paper}",
     })
+
+
+def _grid(base: str, sinks: int, window: Optional[int]):
+    """The ``tuning_grid`` of row ``<base>+sink<sinks>+sw<window>``: sink counts S' of ``SINK_GRID`` (the row's own
+    first) with the recent window W' = S + W - S' (>= 1), the cache size kept as the paper's Table 2 keeps it;
+    nothing to tune for the window-only control (S = 0), for sinks on a trained window (no W in the name,
+    none here to trade), or at a length the cache holds whole (nothing is evicted: the plain model)."""
+
+    def grid(cls, train_len: int, eval_len: int, options: dict) -> list[dict]:
+        cache = sinks + (window or 0)
+        if not sinks or window is None or eval_len <= cache:
+            return []
+        counts = dict.fromkeys([sinks, *SINK_GRID])
+        return [{"sinks": s, "window": cache - s} for s in counts if cache - s >= 1]
+
+    return grid

@@ -46,6 +46,16 @@ def test_a_pretrained_models_caption_names_its_revision_and_keeps_the_dirty_mark
     assert caption(hf_run()).endswith("; commit 2566c9a77051.")
 
 
+def test_a_pretrained_models_caption_names_its_document_prefix():
+    """A run that records the --doc-sep it was asked for (config.eval.doc_sep) scored no separator; the caption of
+    one made before (results/smollm2) stays as it was."""
+    assert "(vocab 49,152, document separator eos '<|im_end|>' (between documents, GPT-2 style)); " in caption(hf_run())
+    run = hf_run(doc_separator="separator '<|endoftext|>' (between pretraining documents; eos is '<|im_end|>')")
+    run["config"] = {**run["config"], "eval": {**run["config"]["eval"], "doc_sep": "separator"}}
+    assert ("(vocab 49,152, document prefix separator '<|endoftext|>' (between pretraining documents; eos is "
+            "'<|im_end|>'), never a scored target); ") in caption(run)
+
+
 def test_the_kind_of_results_in_words():
     checkpoint = {"kind": "eval", "model": {"kind": "checkpoint", "path": "results/default/checkpoints/rope-s0"}}
     assert kind(run_meta(["rope"])) == ("run", None) and kind(hf_run()) == ("eval", "hf")
@@ -80,3 +90,29 @@ def test_captions_name_the_split_scored():
     run["config"] = {**run["config"], "eval": {**run["config"]["eval"], "split": "valid"}}
     assert "valid tokens scored" in caption(run)
     assert "tokens of every document (108,267 bytes)" in caption(hf_run())  # results/smollm2: --split all
+
+
+def test_a_tuned_rows_caption_prints_its_grid_choice_and_valid_numbers_and_untuned_results_print_none():
+    from tests.analysis.fake_results import arec, task_results
+
+    def tuned(seed, chosen, values):
+        r = arec("rope-selfextend", seed, 400, [1, 0, 1, 1])
+        grid = [{"group": g, "neighbor_window": w} for g, w in ((8, 10), (16, 10), (4, 7))]
+        r["tuning"] = {"split": "valid", "metric": "accuracy", "higher_is_better": True, "grid": grid,
+                       "values": values, "chosen": grid[chosen], "chosen_index": chosen}
+        return r
+
+    plain = [arec("rope", s, L, [1, 0]) for s in (0, 1) for L in (100, 400)]
+    untuned = task_results(plain + [arec("rope-selfextend", s, 400, [1, 1]) for s in (0, 1)],
+                           rows=("rope", "rope-selfextend"))
+    assert "Tuned" not in caption(untuned["run"], untuned["records"])  # committed results: the defaults, as ever
+    data = task_results(plain + [tuned(0, 0, [0.75, 0.5, 0.25]), tuned(1, 2, [0.25, 0.5, 0.75])],
+                        rows=("rope", "rope-selfextend"))
+    text = caption(data["run"], data["records"])
+    assert text.startswith("Task copy") and " Tuned on the valid split (eval.tune" in text
+    assert ("rope-selfextend (group, neighbor_window): 4x from (8, 10), (16, 10), (4, 7): (8, 10) on 1 of 2 seeds, "
+            "(4, 7) on 1; valid accuracy 0.5, 0.5, 0.5.") in text
+    assert "rope:" not in text.split("Tuned")[1]  # the trained row has no grid
+    text_run = dict(data["run"], corpus={"source": "stdlib", "fingerprint": "abc"}, eval_tokens=100,
+                    eval_fingerprint="e")
+    assert "(8, 10) on 1 of 2 seeds" in caption(text_run, data["records"])  # the perplexity track's caption too

@@ -24,12 +24,14 @@ def committed_results():
 # those folders keep them as they were measured; every other record of theirs is checked.
 STALE = {
     "results/full": {"sinusoidal", "cope", "sinusoidal+rand", "learned+rand", "rope+rand", "alibi+rand", "fire+rand",
-                     "rope-rerope", "rope-leaky"},
+                     "rope-rerope", "rope-leaky", "rope-selfextend"},
     "results/sotu-512-full": {"cope", "sinusoidal+rand", "learned+rand", "rope+rand", "alibi+rand", "fire+rand",
-                              "xpos+rand", "kerple-power+rand", "rope-rerope", "rope-leaky"},
-    # made under the per-sequence sampler, before the authors' sampler became +rand's default (and its key)
-    **{f"results/tasks/{t}": {"rope+rand", "alibi+rand", "fire+rand"}
+                              "xpos+rand", "kerple-power+rand", "rope-rerope", "rope-leaky", "rope-selfextend"},
+    # made under the per-sequence sampler, before the authors' sampler became +rand's default (and its key); and
+    # rope-selfextend before its default (G, W) came from the LongLM README's inequalities (its eval options)
+    **{f"results/tasks/{t}": {"rope+rand", "alibi+rand", "fire+rand", "rope-selfextend"}
        for t in ("copy", "reverse", "addition", "addition-hints")},
+    "results/tasks/needle": {"rope-selfextend"},
     "results/tasks/copy-full": {"fire+rand", "kerple+rand", "kerple-power+rand", "learned+rand", "rope-partial+rand",
                                 "sinusoidal+rand", "xpos+rand"},
 }
@@ -215,3 +217,17 @@ def test_compiled_training_is_off_by_default_and_keyless():
     key = cell_key(cfg, Row("rope"), 0, "fp")
     cfg.train.compile = True
     assert cell_key(cfg, Row("rope"), 0, "fp") == key
+
+
+def test_eval_tune_keys_only_the_rows_it_tunes_with_their_grids():
+    """``eval.tune`` changes no key of a row without a grid (trained rows, scalings that declare none), and every
+    key of a row it tunes: a tuned record is never reused as an untuned one, nor the reverse."""
+    base = {"encodings": ["rope", "rope-linear", "rope-rerope", "rope-selfextend"], "train.train_len": 32}
+    plain, tuned = load_config(overrides=base), load_config(overrides={**base, "eval.tune": True})
+    for name in ("rope", "rope-linear"):
+        assert eval_key(plain, Row(name)) == eval_key(tuned, Row(name)), name
+    for name in ("rope-rerope", "rope-selfextend"):
+        assert eval_key(plain, Row(name)) != eval_key(tuned, Row(name)), name
+    held = load_config(overrides={**base, "eval.tune": True, "model.encoding_options": {"rope-rerope": {"window": 8}}})
+    assert eval_key(held, Row("rope-rerope")) == eval_key(  # its one option held: nothing left to tune
+        load_config(overrides={**base, "model.encoding_options": {"rope-rerope": {"window": 8}}}), Row("rope-rerope"))

@@ -35,3 +35,18 @@ def test_a_train_split_too_short_for_one_window_is_refused_before_any_work(tmp_p
 
     with pytest.raises(DataError, match=r"its train split has \d+ tokens .* fewer than 4098 \(train length \+ 2\)"):
         work.check_train_split(cfg, load_run_corpus(cfg))
+
+
+def test_the_valid_set_is_the_valid_split_cut_as_the_eval_set(tmp_path):
+    for i in range(60):
+        (tmp_path / f"d{i:02d}.txt").write_text(f"document {i} " * 300)
+    cfg = load_config("ci", {"data.source": str(tmp_path / "*.txt"), "train.train_len": 32, "eval.tokens": 512})
+    text = work.for_run(cfg)
+    valid = text.valid()
+    assert valid is text.valid() and valid.segments.shape == text.evalset.segments.shape  # built once, cut alike
+    assert not torch.equal(valid.segments, text.evalset.segments)
+    assert set(valid.documents).isdisjoint(text.evalset.documents)  # no test document is looked at
+    assert set(valid.documents) <= {name for name, _ in text.corpus.splits["valid"]}
+    meta = text.valid_meta()
+    assert meta["split"] == "valid" and meta["targets"] == valid.segments[:, 1:].numel() >= 512
+    assert len(meta["fingerprint"]) == 16

@@ -32,6 +32,8 @@ def test_the_base_declares_no_capability_no_sinks_and_no_family():
     assert not any(getattr(Encoding, flag) for flag in CAPABILITIES)
     assert Encoding.attention_sinks is None and Encoding.trained_as is None
     assert Encoding.family == "" and Encoding.family not in FAMILIES  # every class must declare its own
+    assert Encoding.tuning_grid(32, 128, {}) == []  # nothing to tune unless a class declares a grid
+    assert Encoding.tuned_row({"window": 4}) == ("", {"window": 4})  # a point is its own options
 
 
 @pytest.mark.parametrize("pos,start", [

@@ -3,11 +3,13 @@ hand-written rotation; plain rope at and below the activation length, bitwise; t
 
 import copy
 import math
+from fractions import Fraction
 
 import pytest
 import torch
 
 from posenc_bench import encodings
+from posenc_bench.encodings import rope_fixes
 from posenc_bench.errors import ConfigError
 from posenc_bench.model.transformer import DecoderLM, ModelConfig
 
@@ -113,19 +115,73 @@ def test_rerope_logit_is_constant_from_the_window_on_and_leaky_grows_by_one_over
     assert abs(leaky[T - 1, 0] - leaky[w + 4, 0]) > 1e-3  # leaky keeps moving beyond w
 
 
-def test_selfextend_group_for_is_the_authors_rule():
-    enc = encodings.build("rope-selfextend", d_model=32, n_heads=2, train_len=128)
-    assert enc.neighbor_window == 32  # default: a quarter of the train length
-    assert [enc.group_for(n) for n in (512, 256, 192)] == [5, 3, 2]
-    for length in range(129, 1200, 7):  # the smallest G with G (L - W) + W >= length
-        G = enc.group_for(length)
-        assert G * (128 - 32) + 32 >= length and (G == 1 or (G - 1) * (128 - 32) + 32 < length), length
-    assert enc.group_for(224) == 2 and enc.group_for(225) == 3  # 2 * 96 + 32 = 224 exactly
-    enc.set_eval_length(512)
-    assert enc.group == 5
-    fixed = encodings.build("rope-selfextend", d_model=32, n_heads=2, train_len=128, options={"group": 7})
-    fixed.set_eval_length(512)
-    assert fixed.group_for(512) == 7 and fixed.group == 7
+def authors_inequalities(L, N, G, W, share=Fraction(2, 3)):
+    """The LongLM README's two rules (commit cdbbb06, lines 96 and 110), written out: every position fits, and
+    the farthest grouped one is among the well-trained share of L."""
+    return (L - W) * G + W >= N and Fraction(W) + Fraction(N - W, G) < share * L
+
+
+@pytest.mark.parametrize("L", [8, 17, 28, 32, 64, 128, 512, 4096])
+def test_selfextend_default_pair_meets_the_authors_inequalities_widest_window_first(L):
+    low, high = max(1, math.ceil(L / 8)), min(L - 1, math.floor(3 * L / 8))
+    for N in sorted({L + 1, 3 * L // 2, 2 * L, 4 * L, 8 * L, 16 * L, 7 * L + 3}):
+        G, W = rope_fixes.selfextend_defaults(L, N)
+        assert authors_inequalities(L, N, G, W), (L, N, G, W)
+        assert low <= W <= max(low, high) and 2 <= G <= 64, (L, N, G, W)
+        # no wider window in the authors' range meets both with a group in theirs, and no smaller group with this W
+        assert not any(authors_inequalities(L, N, g, w) for w in range(W + 1, high + 1) for g in range(2, 65))
+        assert not any(authors_inequalities(L, N, g, W) for g in range(2, G))
+        enc = build("rope-selfextend", train_len=L)
+        enc.set_eval_length(N)
+        assert (enc.group, enc.neighbor_window) == (G, W)
+
+
+def test_selfextend_default_pair_at_the_task_and_the_authors_lengths():
+    assert rope_fixes.selfextend_defaults(28, 76) == (8, 10)  # the needle's 4x: train length 28 tokens, 76 read
+    assert rope_fixes.selfextend_defaults(28, 44) == (4, 10)
+    assert rope_fixes.selfextend_defaults(4096, 16384) == (13, 1536)  # Llama 2 at 4x: W in 512 .. 1536, G in 2 .. 64
+    G, W = rope_fixes.selfextend_defaults(28, 28 * 40)  # past about 35 L: no pair in range; the smallest W
+    assert W == 4 and G > 64 and authors_inequalities(28, 28 * 40, G, W)
+
+
+def test_selfextend_configured_group_or_window_takes_the_rule_for_the_other():
+    fixed_w = build("rope-selfextend", train_len=28, neighbor_window=7)
+    fixed_w.set_eval_length(76)
+    assert (fixed_w.group, fixed_w.neighbor_window) == (6, 7)  # 7 + 69 / 6 < 18.67; 7 + 69 / 5 is not
+    assert authors_inequalities(28, 76, 6, 7) and not authors_inequalities(28, 76, 5, 7)
+    wide = build("rope-selfextend", train_len=28, neighbor_window=20)  # W >= 2L/3: only the fitting rule is left
+    wide.set_eval_length(76)
+    assert wide.group == rope_fixes.fitting_group(28, 76, 20) == 7
+    fixed_g = build("rope-selfextend", train_len=28, group=16)
+    fixed_g.set_eval_length(76)
+    assert fixed_g.group == 16 and fixed_g.neighbor_window == 10  # the widest up to 3L/8 that meets both
+    both = build("rope-selfextend", train_len=28, group=3, neighbor_window=5)
+    both.set_eval_length(76)
+    assert (both.group, both.neighbor_window) == (3, 5)
+
+
+def test_selfextend_grid_starts_at_the_default_and_holds_distinct_pairs_that_fit():
+    cls = encodings.get_class("rope-selfextend")
+    assert cls.tuning_grid(28, 28, {}) == [] and cls.tuning_grid(28, 20, {}) == []  # plain rope there
+    grid = cls.tuning_grid(28, 76, {})
+    assert grid[0] == {"group": 8, "neighbor_window": 10} and grid[1] == {"group": 16, "neighbor_window": 10}
+    pairs = [(p["group"], p["neighbor_window"]) for p in grid]
+    assert len(set(pairs)) == len(pairs) >= 6
+    assert all((28 - W) * G + W >= 76 for G, W in pairs)  # every point fits the length
+    assert (4, 7) in pairs  # the row's former default (W = L/4, the smallest G that fits), for valid to judge
+    for p in grid:
+        build("rope-selfextend", train_len=28, **p)  # every point is a valid option set
+
+
+def test_rerope_and_leaky_grids_start_at_the_authors_values():
+    assert encodings.get_class("rope-rerope").tuning_grid(28, 76, {}) == [{"window": w} for w in (3, 7, 14, 21)]
+    leaky = encodings.get_class("rope-leaky").tuning_grid(28, 76, {})
+    assert leaky[0] == {"window": 3, "slope": 16.0}
+    for p in leaky:
+        w, k = p["window"], p["slope"]
+        assert k == 16.0 or w + (76 - 1 - w) / k <= 28 - 1 < w + (76 - 1 - w) / (k - 0.1), p  # the smallest fitting k
+        build("rope-leaky", train_len=28, **p)
+    assert all(p["slope"] == 16.0 for p in encodings.get_class("rope-leaky").tuning_grid(28, 28, {}))
 
 
 def test_defaults_are_the_authors_ratios():
@@ -136,7 +192,7 @@ def test_defaults_are_the_authors_ratios():
     leaky = build("rope-leaky", train_len=32)
     assert leaky.window == 4 and leaky.slope == 16.0
     se = build("rope-selfextend", train_len=32)
-    assert se.neighbor_window == 8
+    assert (se.group, se.neighbor_window) == rope_fixes.selfextend_defaults(32, 32)  # until set_eval_length
     for name in ("rope-rerope", "rope-leaky", "rope-selfextend"):
         assert encodings.get_class(name).trained_as == "rope", name
 
@@ -156,7 +212,10 @@ def test_the_default_window_rule_is_part_of_the_eval_options(name):
     assert cls.eval_options({}) == {"default_window": "train length / 8"}
     assert cls.eval_options({"window": 0}) == cls.eval_options({})
     assert cls.eval_options({"window": 16}) == {}  # an explicit window is in the row's own options already
-    assert encodings.get_class("rope-selfextend").eval_options({}) == {}  # its defaults did not change
+    se = encodings.get_class("rope-selfextend")  # its default pair's rule changed: numbers of the former not reused
+    assert "LongLM README" in se.eval_options({})["default_pair"]
+    assert se.eval_options({"group": 4}) == se.eval_options({})  # one of the two from the rule still
+    assert se.eval_options({"group": 4, "neighbor_window": 7}) == {}
 
 
 def _models(row, cfg, train_len=32):
@@ -218,8 +277,8 @@ WHOLE = [
     ("rope-rerope", {}, lambda i, j: rerope_positions(i, j, 4)),  # the default w: train length 32 / 8
     ("rope-rerope", {"window": 6}, lambda i, j: rerope_positions(i, j, 6)),
     ("rope-leaky", {"window": 8, "slope": 3.0}, lambda i, j: leaky_positions(i, j, 8, 3.0)),
-    # T = 48, L = 32, W = 8: the authors' rule gives G = ceil(40 / 24) = 2
-    ("rope-selfextend", {}, lambda i, j: selfextend_positions(i, j, 2, 8)),
+    # T = 48, L = 32: the authors' rules give W = 12 (3L/8) and G = 4 (12 + 36 / 4 < 2/3 x 32; 12 + 36 / 3 is not)
+    ("rope-selfextend", {}, lambda i, j: selfextend_positions(i, j, 4, 12)),
     ("rope-selfextend", {"neighbor_window": 5, "group": 3}, lambda i, j: selfextend_positions(i, j, 3, 5)),
 ]
 

@@ -252,3 +252,18 @@ def test_yarn_options_change_the_numbers_not_the_trained_model():
     assert cell_key(cfg, Row("rope"), 0, "fp") == cell_key(plain, Row("rope"), 0, "fp")
     assert eval_key(cfg, Row("rope-yarn")) != eval_key(plain, Row("rope-yarn"))
     assert encodings.get_class("rope-yarn").key_options(T, {"beta_fast": 16}) == {}
+
+
+def test_yarn_tuning_grid_starts_at_the_authors_values_where_the_scaling_acts():
+    from posenc_bench.encodings.rope_scaling import YARN_GRID
+
+    cls = encodings.get_class("rope-yarn")
+    grid = cls.tuning_grid(128, 512, {})
+    assert grid[0] == {"beta_fast": 32.0, "beta_slow": 1.0} and grid[1] == {"beta_fast": 128.0, "beta_slow": 2.0}
+    assert grid == [dict(p) for p in YARN_GRID] and len({tuple(p.values()) for p in grid}) == len(grid)
+    for point in grid:
+        build("rope-yarn", **point)  # each a valid option set
+    assert cls.tuning_grid(128, 128, {}) == []  # plain rope at 1x with the default factor
+    assert cls.tuning_grid(128, 128, {"factor": 2.0}) == grid  # a fixed factor scales at 1x too
+    for name in ("rope-yarn-ft", "rope-linear", "rope-ntk", "rope"):  # no grid: fine-tuned, or nothing declared
+        assert encodings.get_class(name).tuning_grid(128, 512, {}) == [], name

@@ -78,3 +78,17 @@ def test_the_generated_class_is_the_base_with_sinks_and_loads_its_weights(base):
         model.load_state_dict(trained.state_dict())  # strict
         for key, value in trained.state_dict().items():
             assert torch.equal(model.state_dict()[key], value), key
+
+
+def test_the_tuning_grid_trades_sinks_for_recent_keys_at_one_cache_size():
+    cls = encodings.get_class("rope+sink4+sw24")
+    grid = cls.tuning_grid(28, 76, {})
+    assert grid[0] == {"sinks": 4, "window": 24}  # the paper's 4 first
+    assert [p["sinks"] for p in grid] == [4, 1, 2, 8] and all(p["sinks"] + p["window"] == 28 for p in grid)
+    assert cls.tuned_row({"sinks": 2, "window": 26}) == ("rope+sink2+sw26", {})
+    assert encodings.get_class("rope+sink2+sw26").attention_sinks == (2, 26)
+    assert cls.tuning_grid(28, 28, {}) == []  # the cache holds the whole window: nothing evicted, nothing to choose
+    assert encodings.get_class("rope+sink0+sw24").tuning_grid(28, 76, {}) == []  # the control is not tuned
+    assert encodings.get_class("rope+sink4").tuning_grid(28, 76, {}) == []  # sinks on a trained window: no W here
+    assert encodings.get_class("rope+sink1+sw2").tuning_grid(28, 76, {}) == [{"sinks": 1, "window": 2},
+                                                                             {"sinks": 2, "window": 1}]

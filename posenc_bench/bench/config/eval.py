@@ -1,6 +1,7 @@
 """The ``eval`` section: the eval lengths, the tokens scored at each, and the protocol that scores them.
 
-Every field but ``batch_tokens`` (how the work is cut) is part of a record's eval key (``bench/keys.py``).
+Every field but ``batch_tokens`` (how the work is cut) is part of a record's eval key (``bench/keys.py``); ``tune``
+is, as the grids it chooses from, in the keys of the rows it tunes only.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ class EvalConfig:
     # stream (default): segments cut from the split's documents end to end, so windows may cross documents;
     # documents: every segment inside one document, spread over the split's documents (data.spread_segments)
     windows: str = "stream"
+    # true: each zero-shot fix's options (ReRoPE's w, Self-Extend's G and W, YaRN's bounds, the sinks' count) are
+    # chosen on the valid split at every eval length from the grid its class declares, and the records report
+    # the test split at the choice (bench/eval/tune.py); false (default): every row at its authors' defaults
+    tune: bool = False
 
 
 def validate_eval(e: EvalConfig) -> None:

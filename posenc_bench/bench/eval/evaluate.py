@@ -15,7 +15,8 @@
 4. ppl = exp(sum of target NLL / number of targets), token-weighted over all windows and segments;
    bpb = sum NLL / ln 2 / bytes of text behind the targets (BOS targets mark document starts, 0 bytes; with
    another tokenizer, ``token_bytes`` gives each token's UTF-8 bytes: our BPE's table, ``tokenizer.py``, or a
-   Hugging Face tokenizer's offsets, ``hf/tokenize.py``).
+   Hugging Face tokenizer's offsets, ``hf/tokenize.py``). ``target_mask`` can leave tokens out of the
+   targets (context only): a pretrained model's document separators (``hf/tokenize.separators``).
 5. For intervals (``analysis/stats/intervals.py``) each result also keeps the NLL sum, target count and byte count of
    every resampling unit: consecutive blocks of ``Scoring.unit`` targets (the run's longest eval length) within
    each segment, numbered segment by segment. A unit is a set of target positions, so it is the same text at
@@ -25,7 +26,8 @@
    ``unit_documents``), so that intervals can resample whole documents instead of units.
 6. Each window has a run-wide index, the position of its first input token in the flattened segments
    (``window_ids``): our models' encodings hear it before each forward (``Encoding.set_eval_windows``), so an
-   encoding with random eval positions (``+rand``) draws them per window, whatever the batch size.
+   encoding with random eval positions per window (``+rand``'s per-sequence sampler) draws them per window,
+   whatever the batch size.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -115,10 +117,12 @@ class _Units:
         shape = (n_segments, -(-targets // size))  # (segments, units per segment)
         self.nll, self.tokens, self.bytes = (torch.zeros(shape, dtype=torch.float64) for _ in range(3))
 
-    def add(self, rows: slice, unit_of: torch.Tensor, nll: torch.Tensor, nbytes: torch.Tensor) -> None:
-        """nll, nbytes (b, cols) of segments ``rows``; unit_of (cols,) each column's unit."""
+    def add(self, rows: slice, unit_of: torch.Tensor, nll: torch.Tensor, nbytes: torch.Tensor,
+            counted: torch.Tensor) -> None:
+        """nll, nbytes, counted (1.0 for a target, 0.0 for context only) (b, cols) of segments ``rows``;
+        unit_of (cols,) each column's unit."""
         self.nll[rows].index_add_(1, unit_of, nll)
-        self.tokens[rows].index_add_(1, unit_of, torch.ones_like(nll))
+        self.tokens[rows].index_add_(1, unit_of, counted)
         self.bytes[rows].index_add_(1, unit_of, nbytes.double())
 
     def as_dict(self) -> dict:
@@ -126,8 +130,18 @@ class _Units:
                 "bytes": self.bytes.flatten().int().tolist()}
 
 
+class Targets(NamedTuple):
+    """Per-token facts of the scored text beyond its ids, each the shape of the segments: ``token_bytes``, the
+    bytes of text behind each token, for tokenizers other than ours (None: 1 per byte token, 0 for BOS), and
+    ``mask`` (bool; None: all), which tokens are targets where they are predicted; the others are context only,
+    in no sum or count (a pretrained model's document separators)."""
+
+    token_bytes: Optional[torch.Tensor] = None
+    mask: Optional[torch.Tensor] = None
+
+
 def evaluate_length(
-    forward: Optional[Callable[[torch.Tensor], torch.Tensor]],
+    forward: Callable[[torch.Tensor], torch.Tensor],
     segments: torch.Tensor,
     length: int,
     scoring: Scoring = Scoring(),
@@ -135,20 +149,19 @@ def evaluate_length(
     device: torch.device | str = "cpu",
     show_progress: Optional[bool] = False,
     token_bytes: Optional[torch.Tensor] = None,
-    nll_fn: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None,
 ) -> dict:
     """Score every target of ``segments`` with windows of ``length`` tokens; ``forward(idx) -> logits``.
 
-    ``nll_fn(inputs, targets) -> (b, l)`` replaces ``forward`` for models that compute the loss themselves
-    (e.g. ``hf/model.py``'s chunked LM head). ``token_bytes`` (same shape as ``segments``) gives the bytes of text
-    behind each token, for tokenizers other than ours (default: 1 per byte token, 0 for BOS).
+    ``token_bytes`` (same shape as ``segments``) gives the bytes of text behind each token, for tokenizers
+    other than ours (default: 1 per byte token, 0 for BOS); ``score_windows`` takes a loss function instead of
+    ``forward`` and context-only tokens (``Targets``).
     ``scoring.stride``: the strided protocol (see ``windows``); None is the default non-overlapping protocol.
     Returns loss (mean NLL, nats), ppl, bpb, tokens, bytes, loss_by_position (``scoring.buckets`` equal spans
     of window positions over [0, bucket_span) (default: length), each with its mean loss and token count) and
     units (see the module docstring: the unit size and, per unit, its NLL sum, targets and bytes).
     """
-    return score_windows(nll_fn or logits_nll(forward), segments, length, scoring, device=device,
-                         show_progress=show_progress, token_bytes=token_bytes)
+    return score_windows(logits_nll(forward), segments, length, scoring, device=device,
+                         show_progress=show_progress, targets=Targets(token_bytes))
 
 
 def window_ids(rows: slice, start: int, segment_tokens: int) -> torch.Tensor:
@@ -167,12 +180,14 @@ def score_windows(
     *,
     device: torch.device | str = "cpu",
     show_progress: Optional[bool] = False,
-    token_bytes: Optional[torch.Tensor] = None,
+    targets: Targets = Targets(),
     on_windows: Optional[Callable[[Optional[torch.Tensor]], None]] = None,
 ) -> dict:
-    """``evaluate_length`` with the loss function given; ``on_windows(ids)`` (optional) is called before each
-    forward with the (b,) index of each window in it (``window_ids``), and with None when all are scored (our
-    models pass their encoding's ``set_eval_windows``: ``+rand`` seeds its eval positions by window)."""
+    """``evaluate_length`` with the loss function given (a pretrained model's chunked LM head: ``hf/model.py``)
+    and the text's ``targets`` (``Targets``: bytes per token, context-only tokens); ``on_windows(ids)``
+    (optional) is called before each forward with the (b,) index of each window in it (``window_ids``), and
+    with None when all are scored (our models pass their encoding's ``set_eval_windows``: ``+rand``'s
+    per-sequence sampler seeds its eval positions by window)."""
     buckets, stride = scoring.buckets, scoring.stride
     span = scoring.bucket_span or length
     width = -(-span // buckets)
@@ -185,11 +200,13 @@ def score_windows(
     scored = 0  # targets of each segment scored so far: windows come in order and score each target once
     t0 = time.perf_counter()
     parts = windows(segments, length, stride)
+    token_bytes, target_mask = targets
     byte_parts = windows(token_bytes, length, stride) if token_bytes is not None else [None] * len(parts)
+    mask_parts = windows(target_mask, length, stride) if target_mask is not None else [None] * len(parts)
     rows_per_batch = max(1, scoring.batch_tokens // length)
     total = sum(-(-inp.shape[0] // rows_per_batch) for inp, _, _ in parts)
     with progress_bar(total, f"eval L={length}", show_progress) as bar:
-        for (inputs, targets, first), byte_part in zip(parts, byte_parts):
+        for (inputs, targets, first), byte_part, mask_part in zip(parts, byte_parts, mask_parts):
             l = inputs.shape[1]
             bucket_of = (torch.arange(first, l) // width).clamp(max=buckets - 1)  # (scored columns,)
             unit_of = (scored + torch.arange(l - first)) // units.size  # (scored columns,) unit within the segment
@@ -204,16 +221,21 @@ def score_windows(
                     if on_windows is not None:
                         on_windows(None)
                 y = y[:, first:]
+                b = (y < 256) if byte_part is None else byte_part[1][i : i + rows_per_batch, first:]  # (b, cols)
+                if mask_part is None:
+                    counted = torch.ones_like(nll)
+                else:  # (b, cols) the targets; context-only tokens add nothing anywhere
+                    is_target = mask_part[1][i : i + rows_per_batch, first:].bool()
+                    nll, b, counted = torch.where(is_target, nll, 0.0), b * is_target, is_target.to(nll.dtype)
                 nll_sum += nll.sum()
                 pos_sum.index_add_(0, bucket_of, nll.sum(0))
-                pos_count.index_add_(0, bucket_of, torch.full((l - first,), float(y.shape[0]), dtype=torch.float64))
-                b = (y < 256) if byte_part is None else byte_part[1][i : i + rows_per_batch, first:]  # (b, cols)
-                units.add(slice(i, i + y.shape[0]), unit_of, nll, b)
-                n_tokens += y.numel()
-                n_bytes += (count_bytes(y) if byte_part is None else int(b.sum()))
+                pos_count.index_add_(0, bucket_of, counted.sum(0))
+                units.add(slice(i, i + y.shape[0]), unit_of, nll, b, counted)
+                n_tokens += int(counted.sum())
+                n_bytes += count_bytes(y[counted.bool()]) if byte_part is None else int(b.sum())
                 bar.update(1)
             scored += l - first
-    expected = segments.shape[0] * (segments.shape[1] - 1)
+    expected = segments.shape[0] * (segments.shape[1] - 1) if target_mask is None else int(target_mask[:, 1:].sum())
     if n_tokens != expected:  # the protocol's invariant: every target of every segment, once
         raise AssertionError(f"scored {n_tokens} targets at length {length}, expected {expected}")
     return _result(nll_sum, n_tokens, n_bytes, _by_position(pos_sum, pos_count, width, span), units,
@@ -360,7 +382,7 @@ def evaluate_model(model, evalset: EvalSet, length: int, rt) -> dict:
     model.eval()
     with rt.autocast_context():
         res = score_windows(logits_nll(model), evalset.segments, length, evalset.scoring, device=rt.device,
-                            show_progress=rt.show_progress, token_bytes=evalset.token_bytes,
+                            show_progress=rt.show_progress, targets=Targets(evalset.token_bytes),
                             on_windows=model.encoding.set_eval_windows)
     res["units"]["doc"] = evalset.unit_documents(res["units"]["size"])
     return res

@@ -1,10 +1,12 @@
 """`posenc-bench eval`: pretrained models (Hugging Face, or our own checkpoints) through the same protocol.
 
 A Hugging Face model (``hf/model.py``) reads the held-out documents of ``data.py``'s corpus through its own
-tokenizer (``hf/tokenize.py``, with the bytes behind every token); segments, windows, token-weighted ppl and
-the loss by position are ``evaluate.py``'s, unchanged. Eval lengths are multiples of its train length. RoPE
-scalings (rows ``hf:<model>+linear``, ``+dynamic``, ``+yarn``, ``+llama3``) go through ``hf/rope.py``. A model
-without rotary embeddings gets ``n/a`` for every scaling, and ``n/a`` past its absolute position table.
+tokenizer (``hf/tokenize.py``, with the bytes behind every token), each document after one prefix token
+(``--doc-sep``: by default the model's pretraining document separator), which is context only, never a scored
+target; segments, windows, token-weighted ppl and the loss by position are ``evaluate.py``'s, unchanged. Eval
+lengths are multiples of its train length. RoPE scalings (rows ``hf:<model>+linear``, ``+dynamic``, ``+yarn``,
+``+llama3``) go through ``hf/rope.py``. A model without rotary embeddings gets ``n/a`` for every scaling, and
+``n/a`` past its absolute position table.
 
 One of our checkpoints (``bench/checkpoint.py``) is evaluated exactly as ``run`` evaluates it (byte tokens, its
 config's lengths, tokens and batch size unless overridden), with ``--rope-scaling X`` as the registered
@@ -27,7 +29,8 @@ import torch
 from posenc_bench.bench import checkpoint
 from posenc_bench.bench.config import DEFAULT_EVAL_LENS, RunConfig, parse_eval_lens, validate
 from posenc_bench.bench.eval.evaluate import (EvalSet, Scoring, documents_in_order, documents_per_window,
-                                              evaluate_length, evaluate_model, segment_length, unit_documents)
+                                              Targets, evaluate_model, score_windows, segment_length,
+                                              unit_documents)
 from posenc_bench.bench.keys import eval_key, hf_eval_key
 from posenc_bench.bench.records import (ResultsFolder, ResultsStore, check_deletable, finished, measured, model_record,
                                         new_record, not_measured, run_meta, score, summary_line)
@@ -41,7 +44,7 @@ from posenc_bench.hf.model import HFModel, ModelSpec, resolve_model
 from posenc_bench.hf import attention as hf_attention
 from posenc_bench.hf import rope as hf_rope
 from posenc_bench.hf.rope import scaled_max_positions, scaling_parameters
-from posenc_bench.hf.tokenize import document_separator, tokenize_documents
+from posenc_bench.hf.tokenize import document_separator, separators, tokenize_documents
 
 DEFAULT_EVAL_TOKENS = 16384
 HF_BUCKETS = 64
@@ -61,7 +64,7 @@ class EvalOptions:
     device: str = "auto"
     precision: Optional[str] = None  # None: fp32 for a Hugging Face model, a checkpoint's own config
     trust_remote_code: bool = False
-    doc_sep: str = "auto"
+    doc_sep: str = "separator"  # the token before each document: hf/tokenize.document_separator's choice
     split: str = "test"  # a Hugging Face model's text: test, valid, train or all (it trained on none of them)
     long_docs: bool = False  # only documents at least as long as a segment, no window crossing a document
     unit: Optional[int] = None  # resampling unit in targets (None: the longest eval length)
@@ -157,18 +160,24 @@ class HFText:
     separator_how: str
     documents: dict  # name -> targets it holds, of each document scored, in scoring order (the run's eval_documents)
     target_docs: torch.Tensor  # (N, S) the document of each target: its place in ``documents``
+    target_mask: torch.Tensor  # (N, S + 1) bool: False at the document separators (context only, never scored)
 
 
 def hf_text(tokenizer, corpus: Corpus, S: int, eval_tokens: int, *, split: str, long_docs: bool, doc_sep: str
             ) -> HFText:
     """The eval segments through the model's tokenizer: cut from the stream of the split's documents, or
-    (``long_docs``) from inside the documents of at least S + 1 tokens, one document per segment."""
+    (``long_docs``) from inside the documents of at least S + 1 tokens, one document per segment. The targets
+    are those of the segments but the separators (``hf/tokenize.separators``): in the stream, the separator
+    between two documents is context for the next one and no target; with ``long_docs`` no separator is a
+    target anyway (a document's separator is the leading, context-only token of its first segment). A
+    separator's place in ``target_docs`` is the document before it (the one it ends), so that every document
+    of ``documents`` holds targets."""
     sep, sep_how = document_separator(tokenizer, doc_sep)
     docs = corpus.documents(split)
     need = -(-eval_tokens // S) * S + 1
     if not long_docs:
         tokens, nbytes, index = tokenize_documents(tokenizer, docs, sep, need)
-        parts = [eval_segments(t, S, eval_tokens) for t in (tokens, nbytes, index)]
+        parts = [eval_segments(t, S, eval_tokens) for t in (tokens, nbytes, index, separators(index, sep))]
     else:
         tokens, nbytes, index = tokenize_documents(tokenizer, docs, sep, 1 << 62, min_doc_tokens=S + 1)  # all of them
         if tokens.numel() == 0:
@@ -176,12 +185,15 @@ def hf_text(tokenizer, corpus: Corpus, S: int, eval_tokens: int, *, split: str, 
                             f"(--long-docs: one segment is {S + 1} tokens); use longer documents"
                             f"{'' if split == 'all' else ', or --split all'}")
         counts = torch.unique_consecutive(index, return_counts=True)[1].tolist()
-        parts = [document_segments(list(t.split(counts)), S, eval_tokens) for t in (tokens, nbytes, index)]
-    segments, token_bytes, doc_index = parts
-    scored, target_docs = documents_in_order(doc_index[:, 1:])
-    held = torch.bincount(target_docs.flatten(), minlength=len(scored)).tolist()
+        parts = [document_segments(list(t.split(counts)), S, eval_tokens)
+                 for t in (tokens, nbytes, index, separators(index, sep))]
+    segments, token_bytes, doc_index, opens = parts
+    target_mask = opens == 0  # the segments are int64 (eval_segments, document_segments)
+    is_target = target_mask[:, 1:]
+    scored, target_docs = documents_in_order(torch.where(is_target, doc_index[:, 1:], doc_index[:, :-1]))
+    held = torch.bincount(target_docs[is_target], minlength=len(scored)).tolist()
     documents = {docs[d][0]: n for d, n in zip(scored, held)}
-    return HFText(segments, token_bytes, doc_index, sep, sep_how, documents, target_docs)
+    return HFText(segments, token_bytes, doc_index, sep, sep_how, documents, target_docs, target_mask)
 
 
 def eval_hf(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], None] = print) -> tuple[Path, dict]:
@@ -215,10 +227,12 @@ def eval_hf(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], None] = pri
         device=device_description(device), eval_bytes=int(text.token_bytes[:, 1:].sum()), doc_separator=text.separator_how,
         eval_documents=text.documents,  # name -> targets, in scoring order: what units["doc"] counts in
         config={"data": {"source": corpus.source}, "eval": {"tokens": eval_tokens, "lens": opts.eval_lens, "split": opts.split,
-                "long_docs": opts.long_docs, "unit": unit, "position_buckets": HF_BUCKETS},
+                "long_docs": opts.long_docs, "unit": unit, "position_buckets": HF_BUCKETS,
+                "doc_sep": opts.doc_sep},  # the rule asked for; the run's doc_separator says what it gave
                 "rope_scaling": list(opts.rope_scaling), "seeds": [0]},
         params=model_info["params"], load_time_s=round(time.perf_counter() - t0, 2),
         versions={p: version_of(p) for p in ("tokenizers", "gguf", "accelerate")})
+    run["eval_tokens"] = int(text.target_mask[:, 1:].sum())  # the segments' targets, less the separators among them
     key = hf_eval_key({k: model_info.get(k) for k in ("ref", "gguf_file", "dtype", "file_sha256", "files_sha256", "hub_commit")},
                       train_len=train_len, lengths=lengths, corpus=corpus.fingerprint,
                       eval_fingerprint=run["eval_fingerprint"], doc_sep=text.separator, buckets=HF_BUCKETS, unit=unit)
@@ -260,7 +274,8 @@ class _HFRows:
     def _record(self, row: str, scaling: Optional[str], L: int) -> dict:
         hf, info = self.hf, self.run["model"]
         rec = new_record(self.run, row, 0, L, base_encoding=self.base, scaling=scaling, rope_parameters=None,
-                         eval_key=self.key, documents_per_window=documents_per_window(self.text.doc_index, L),
+                         eval_key=self.key, doc_separator=self.text.separator_how,
+                         documents_per_window=documents_per_window(self.text.doc_index, L),
                          model={k: info.get(k) for k in ("ref", "gguf_file", "file_sha256", "files_sha256", "hub_commit", "dtype")})
         limit = hf.position_limit()
         if scaling is not None and hf.rope_problem():
@@ -281,9 +296,9 @@ class _HFRows:
 
     def _score(self, L: int, **kwargs) -> dict:
         with peak_memory(self.hf.device) as memory:
-            res = evaluate_length(None, self.text.segments, L, self.scoring[L], show_progress=self.show_progress,
-                                  token_bytes=self.text.token_bytes, device=self.hf.device,
-                                  nll_fn=lambda x, y: self.hf.nll(x, y, **kwargs))
+            res = score_windows(lambda x, y: self.hf.nll(x, y, **kwargs), self.text.segments, L, self.scoring[L],
+                                show_progress=self.show_progress, device=self.hf.device,
+                                targets=Targets(self.text.token_bytes, self.text.target_mask))
         res["units"]["doc"] = unit_documents(self.text.target_docs, res["units"]["size"])  # as our models' units
         return {**res, **memory}
 
@@ -321,7 +336,8 @@ def _checkpoint_config(ckpt: checkpoint.Checkpoint, opts: EvalOptions) -> RunCon
         raise ConfigError(f"checkpoint {ckpt.path} was trained on the task {cfg.task.name!r}; `eval` scores text: "
                           "rerun its config with `posenc-bench run` to score the task")
     hf_only = [flag for flag, on in (("--long-docs", opts.long_docs), ("--unit", opts.unit is not None),
-                                     ("--segment-len", opts.segment_len is not None)) if on]
+                                     ("--segment-len", opts.segment_len is not None),
+                                     ("--doc-sep", opts.doc_sep != EvalOptions.doc_sep)) if on]
     if hf_only:
         raise ConfigError(f"{hf_only[0]} applies to Hugging Face models; a checkpoint is evaluated with its config's "
                           f"units (set eval.* in its config instead)")

@@ -18,7 +18,7 @@ from posenc_bench.errors import ConfigError
 
 TASKS: dict[str, type[Task]] = {cls.name: cls for cls in (Copy, Reverse, Addition, Recall, Needle)}
 
-__all__ = ["BOS", "Instance", "TASKS", "Task", "get", "input_length", "validate"]
+__all__ = ["BOS", "Instance", "TASKS", "Task", "get", "input_length", "validate", "window_length"]
 
 
 def get(name: str, options: dict | None = None) -> Task:
@@ -52,8 +52,13 @@ def validate(cfg, sizes: list[int]) -> None:
 def input_length(cfg) -> int:
     """The model's train length for a task run: the tokens it reads of the longest train instance (all but the
     last), so every train instance fits and an encoding's train length means what it means on text."""
+    return window_length(cfg, cfg.train_size, "train_size")
+
+
+def window_length(cfg, size: int, key: str = "size") -> int:
+    """The tokens the model reads of an instance of ``size`` (all but the last): its window at that size."""
     task = get(cfg.name, cfg.options)
     try:
-        return task.length(cfg.train_size) - 1
+        return task.length(size) - 1
     except ValueError as e:
-        raise ConfigError(f"task {cfg.name!r} at train_size {cfg.train_size}: {e}") from None
+        raise ConfigError(f"task {cfg.name!r} at {key} {size}: {e}") from None

@@ -7,6 +7,9 @@
 - **Evaluation** (:class:`TaskWork`): at each eval size, ``eval_instances`` test instances drawn from
   ``eval_seed`` and the size alone, the same for every row and seed. One forward pass per batch scores them
   (:func:`score_instances`): an instance is correct when every answer token is the argmax at its place.
+- **Valid instances** (``eval.tune``, ``bench/eval/tune.py``): the same number per size from a generator seeded
+  apart from the test ones (``instance_seed``: the test seed string with ``|valid`` appended), so a choice made
+  on them never looks at a test instance. Tasks have no valid split of their own: this is it.
 - **Records**: metric ``accuracy`` (exact match over instances), ``token_accuracy``, the mean NLL of the
   answer tokens (``loss``), and per-instance units (``units``: correct, answer tokens right, answer tokens) for
   intervals over instances and seeds; the needle adds its accuracy at each depth (``by_depth``).
@@ -88,6 +91,18 @@ def score_instances(model, instances: list[Instance], rt, batch_size: int = 64, 
     return out
 
 
+def instance_seed(task: str, size: int | str, eval_seed: int | str, split: str = "test") -> str:
+    """The seed of the eval instances of one size: the test ones' as ever, the valid ones' apart from them
+    (placeholders for ``size`` and ``eval_seed`` give the rule in words, for a record)."""
+    return f"{task}|{size}|{eval_seed}" + ("" if split == "test" else f"|{split}")
+
+
+def instances_fingerprint(instances: dict[int, list[Instance]]) -> str:
+    """A hash of the eval instances of every size (tokens and answer places), sizes in the run's order."""
+    flat = [[i.tokens, i.answer] for size in instances for i in instances[size]]
+    return hashlib.sha256(json.dumps(flat).encode()).hexdigest()[:16]
+
+
 class TaskWork:
     """What a sweep trains on and scores, for a task run (``bench/work.py`` has the text run's)."""
 
@@ -99,22 +114,40 @@ class TaskWork:
         self.task = tasks.get(t.name, t.options)
         self.lengths = cfg.eval_lengths()  # instance sizes
         self.train_len = t.train_size  # what the tables' 1x is: the train size, not the model's token length
-        self.instances = {size: self.task.eval_instances(random.Random(f"{t.name}|{size}|{t.eval_seed}"), size,
-                                                         t.eval_instances) for size in self.lengths}
+        self.instances = self._draw("test")
+        self._valid: Optional[dict[int, list[Instance]]] = None  # drawn when eval.tune first asks
         ident = {"task": asdict(t), "generator": GENERATOR_VERSION}
         self.fingerprint = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
-        test = hashlib.sha256(json.dumps([[i.tokens, i.answer] for s in self.lengths for i in self.instances[s]]).encode())
-        self.eval_fingerprint = test.hexdigest()[:16]
+        self.eval_fingerprint = instances_fingerprint(self.instances)
+
+    def _draw(self, split: str) -> dict[int, list[Instance]]:
+        t = self.cfg.task
+        return {size: self.task.eval_instances(random.Random(instance_seed(t.name, size, t.eval_seed, split)), size,
+                                               t.eval_instances) for size in self.lengths}
+
+    def valid(self) -> dict[int, list[Instance]]:
+        """The valid instances of every size (``instance_seed``), drawn once."""
+        if self._valid is None:
+            self._valid = self._draw("valid")
+        return self._valid
+
+    def valid_meta(self) -> dict:
+        """What a tuned record says of the instances its choice was made on."""
+        return {"instances": {str(s): len(v) for s, v in self.valid().items()},
+                "seed": instance_seed("<task>", "<size>", "<eval_seed>", "valid"),
+                "fingerprint": instances_fingerprint(self.valid())}
 
     def batches(self, seed: int) -> TaskBatches:
         t = self.cfg.task
         return TaskBatches(self.task, t.min_size, t.train_size, self.cfg.train.batch_size, seed)
 
-    def evaluate(self, model, size: int, rt) -> dict:
-        instances = self.instances[size]
+    def evaluate(self, model, size: int, rt, valid: bool = False) -> dict:
+        """Exact match of ``model`` on the test instances of ``size`` (``valid``: on the valid ones)."""
+        drawn = self.valid() if valid else self.instances
+        instances = drawn[size]
         model.encoding.set_eval_length(len(instances[0].tokens) - 1)
         model.eval()
-        first = sum(len(self.instances[s]) for s in self.lengths if s < size)
+        first = sum(len(drawn[s]) for s in self.lengths if s < size)
         return score_instances(model, instances, rt, first_id=first)
 
     def meta(self) -> dict:

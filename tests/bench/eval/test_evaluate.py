@@ -11,7 +11,7 @@ import torch
 from posenc_bench.bench.config import RunConfig
 from posenc_bench.bench.eval.evaluate import (EvalSet, Scoring, documents_in_order, documents_per_window, evaluate_length,
                                               evaluate_model, logits_nll, score_windows, segment_length,
-                                              stream_documents, unit_documents, windows)
+                                              stream_documents, Targets, unit_documents, windows)
 from posenc_bench.data import BOS, Corpus
 
 
@@ -129,6 +129,33 @@ def test_matches_transformers_own_loss():
             count += n
     assert ours["tokens"] == count
     assert ours["ppl"] == pytest.approx(math.exp(total / count), rel=1e-4)
+
+
+def nll_by_id(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """A model whose NLL of each target is the target's id."""
+    return targets.double()
+
+
+@pytest.mark.parametrize("stride", [None, 3])
+def test_a_token_outside_the_target_mask_is_context_only(stride):
+    """A hand computation: a separator (9) between two documents is fed to the model but is no target. The
+    model's NLL of each target is the target's id, so the documents' targets 1..7 give loss 28 / 7 = 4 at every
+    length (with the separator scored it would be 37 / 8); it is in no count, unit or position bucket."""
+    seg = torch.tensor([[9, 1, 2, 3, 9, 4, 5, 6, 7]])  # [separator] document [separator] document
+    mask = seg != 9
+    nbytes = mask.long()  # a byte a token, none behind a separator
+    for length in (1, 2, 4, 8):
+        res = score_windows(nll_by_id, seg, length, Scoring(batch_tokens=8, buckets=4, bucket_span=4, stride=stride,
+                                                            unit=4), targets=Targets(nbytes, mask))
+        assert (res["loss"], res["tokens"], res["bytes"]) == (4.0, 7, 7)
+        assert res["bpb"] == pytest.approx(28 / math.log(2) / 7, rel=1e-12)
+        assert res["units"]["nll"] == [6.0, 22.0] and res["units"]["tokens"] == [3, 4]  # targets 1-3 (and 9), 4-7
+        assert res["units"]["bytes"] == [3, 4]
+        assert sum(b["tokens"] for b in res["loss_by_position"]) == 7
+    by_position = score_windows(nll_by_id, seg, 4, Scoring(buckets=4, bucket_span=4),
+                                targets=Targets(mask=mask))["loss_by_position"]
+    assert [(b["loss"], b["tokens"]) for b in by_position] == [(2.5, 2), (3.5, 2), (4.5, 2), (7.0, 1)]  # not 9
+    assert score_windows(nll_by_id, seg, 4)["loss"] == 37 / 8  # no mask: all scored
 
 
 @pytest.mark.parametrize("stride", [None, 3])

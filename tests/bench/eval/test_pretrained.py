@@ -149,6 +149,7 @@ def test_own_checkpoint_on_the_valid_split_scores_other_text_under_its_own_key(t
     (["--model", "hf:{llama}", "--rope-scaling", "bogus"], "valid: linear, dynamic, yarn, llama3, ntk, rerope, leaky, selfextend, sink<S>+sw<W>"),
     (["--model", "hf:{llama}", "--precision", "fp8"], "valid: fp32, bf16, fp16"),
     (["--model", "hf:{llama}", "--doc-sep", "<nope>"], "is not a token of this tokenizer"),
+    (["--model", "hf:{llama}", "--doc-sep", "auto"], "give separator, eos, lm-eval, none, or a token such as"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, llama_dir, tmp_path, capsys):
     argv = [a.replace("{llama}", str(llama_dir)) for a in argv]
@@ -156,6 +157,20 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, llama_dir, tmp_path, ca
     err = capsys.readouterr().err.strip()
     assert err.startswith("posenc-bench eval: error:") and message in err and "\n" not in err
     assert not (tmp_path / "o" / "results.json").exists()
+
+
+def test_doc_sep_is_refused_for_our_checkpoints():
+    """Our byte-level models put BOS before each document, as they were trained: --doc-sep is a Hugging Face
+    model's, and a checkpoint refuses it rather than ignore it."""
+    from types import SimpleNamespace
+
+    from posenc_bench.bench.config import RunConfig
+    from posenc_bench.bench.eval.pretrained import EvalOptions, _checkpoint_config
+    from posenc_bench.errors import ConfigError
+
+    ckpt = SimpleNamespace(config=RunConfig(), path="results/x/checkpoints/rope-seed0")
+    with pytest.raises(ConfigError, match="^--doc-sep applies to Hugging Face models"):
+        _checkpoint_config(ckpt, EvalOptions(model="results/x/checkpoints/rope-seed0", doc_sep="eos"))
 
 
 def test_a_pretrained_row_is_on_disk_before_its_summary_line_is_printed(llama_dir, tmp_path, monkeypatch):
@@ -188,7 +203,9 @@ def test_eval_rows_of_fixes_reuse_the_model_where_they_are_the_identity(model, t
         rec = recs[key]
         assert not rec.get("same_as") and rec["ppl"] != base[64]["ppl"] and math.isfinite(rec["ppl"])
         assert rec["rerouted"]["encoding"] in ("rope-selfextend", "rope-rerope", "rope+sink4+sw28")
-    assert recs[("selfextend", 64)]["rerouted"]["group"] == 3  # the smallest G with G (32 - 8) + 8 >= 64
+    # the LongLM README's rules at L = 32, N = 64: W = 3L/8 = 12 and the smallest G with 12 + 52 / G < 2/3 x 32
+    rerouted = recs[("selfextend", 64)]["rerouted"]
+    assert (rerouted["group"], rerouted["neighbor_window"]) == (6, 12)
     assert base[64]["peak_memory_bytes"] > 0 and base[64]["peak_memory_kind"] == "process peak RSS"
     assert base[64]["documents_per_window"] >= 1.0
 
@@ -258,3 +275,118 @@ def test_eval_of_a_fine_tuned_checkpoint_gives_the_numbers_run_wrote(tmp_path):
                  "--progress", "off"]) == 0
     got = {r["eval_len"]: r["ppl"] for r in json.loads((tmp_path / "e" / "results.json").read_text())["records"]}
     assert got == ran  # the fixed s = 64 / 16 at every length, as in run
+
+
+def _lm_eval_rolling_loglikelihood(model, tokens: list[int], prefix: int, max_len: int) -> float:
+    """lm-evaluation-harness's ``loglikelihood_rolling`` of one document (EleutherAI/lm-evaluation-harness at
+    4e7e0d4), transcribed: ``lm_eval/utils.py`` ``get_rolling_token_windows(token_list, prefix_token,
+    max_seq_len, context_len=1)`` and ``make_disjoint_window``, each window scored as HFLM's
+    ``_loglikelihood_tokens`` does (``lm_eval/models/huggingface.py``: the input is (context + continuation)
+    [-(max_len + 1):][:-1], the continuation scored by the last len(continuation) log-softmax rows). The sum
+    of the document's log-likelihoods."""
+    import torch
+
+    def rolling_windows(token_list, prefix_token, max_seq_len, context_len):
+        pred_len = max_seq_len - context_len + 1
+        predicted = 0
+        first_seq_len = min(max_seq_len, len(token_list))
+        yield [prefix_token] + token_list[: first_seq_len - 1], token_list[:first_seq_len]
+        predicted += first_seq_len
+        while predicted < len(token_list):
+            window_pred_len = min(len(token_list) - predicted, pred_len)
+            window_end = predicted + window_pred_len
+            yield (token_list[window_end - max_seq_len - 1 : window_end - 1],
+                   token_list[window_end - window_pred_len : window_end])
+            predicted += window_pred_len
+
+    def disjoint(pair):
+        a, b = pair
+        return a[: len(a) - (len(b) - 1)], b
+
+    total = 0.0
+    with torch.no_grad():
+        for context, continuation in map(disjoint, rolling_windows(tokens, prefix, max_len, 1)):
+            inp = torch.tensor([(context + continuation)[-(max_len + 1):][:-1]])
+            logp = torch.log_softmax(model(inp).logits.double(), dim=-1)[0, -len(continuation):]
+            total += float(logp[torch.arange(len(continuation)), torch.tensor(continuation)].sum())
+    return total
+
+
+def test_the_lm_eval_prefix_gives_lm_evals_rolling_perplexity(llama_dir, tokenizer, tmp_path):
+    """``--doc-sep lm-eval`` on one document of S tokens (``--long-docs``, lengths dividing S) gives the perplexity
+    of lm-evaluation-harness's ``loglikelihood_rolling`` of that document with a max length of the eval length,
+    exp(-sum / its tokens), to 1e-6: lm-eval's windows, written out above, are ours. Its prefix is the
+    tokenizer's bos (<s>); our default, the pretraining separator, is </s> here (the tokenizer adds no bos),
+    equal to lm-eval's algorithm with </s> as its prefix and another number."""
+    import sysconfig
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    S = 96
+    text = (Path(sysconfig.get_paths()["stdlib"]) / "colorsys.py").read_text()
+    doc = tokenizer(text, add_special_tokens=False)["input_ids"][:S]
+    (tmp_path / "doc.txt").write_text(tokenizer.decode(doc))
+    assert tokenizer(tokenizer.decode(doc), add_special_tokens=False)["input_ids"] == doc  # one document of S tokens
+    model = AutoModelForCausalLM.from_pretrained(llama_dir).eval()
+    got = {}
+    for choice, prefix in (("lm-eval", "<s>"), ("separator", "</s>")):
+        out = tmp_path / choice
+        assert main(["eval", "--model", f"hf:{llama_dir}", "--data", str(tmp_path / "doc.txt"), "--split", "all",
+                     "--long-docs", "--eval-lens", "1,1.5x", "--eval-tokens", str(S), "--doc-sep", choice,
+                     "--out", str(out), "--progress", "off"]) == 0
+        data = json.loads((out / "results.json").read_text())
+        assert data["run"]["segment_len"] == S and data["run"]["doc_separator"].startswith(f"{choice} {prefix!r}")
+        for rec in data["records"]:  # windows of 32 and 48 tokens: 3 and 2 of them
+            assert rec["tokens"] == S and rec["doc_separator"] == data["run"]["doc_separator"]
+            prefix_id = tokenizer.convert_tokens_to_ids(prefix)
+            lm_eval = _lm_eval_rolling_loglikelihood(model, doc, prefix_id, rec["eval_len"])
+            assert rec["ppl"] == pytest.approx(math.exp(-lm_eval / S), rel=1e-6), (choice, rec["eval_len"])
+            got[choice, rec["eval_len"]] = rec["ppl"]
+    assert got["lm-eval", 32] != pytest.approx(got["separator", 32], rel=1e-4)  # the first target's context differs
+
+
+def test_separators_between_joined_documents_are_context_never_targets(llama_dir, tokenizer, tmp_path):
+    """Without --long-docs the documents are joined, each after its separator (</s> here). The separator is fed to
+    the model but is no target: a hand computation with transformers' own loss on the same windows, the
+    separators' labels ignored (-100), gives our ppl; targets, bytes, documents and the run's eval tokens count
+    the documents' tokens alone."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    texts = [" ".join(f"w{(k * 7 + i) % 97}" for k in range(20)) for i in range(4)]
+    for i, text in enumerate(texts):
+        (tmp_path / f"d{i}.txt").write_text(text)
+    out = tmp_path / "o"
+    assert main(["eval", "--model", f"hf:{llama_dir}", "--data", str(tmp_path / "d*.txt"), "--split", "all",
+                 "--eval-lens", "1,2x", "--eval-tokens", "128", "--out", str(out), "--progress", "off"]) == 0
+    data = json.loads((out / "results.json").read_text())
+    sep = tokenizer.convert_tokens_to_ids("</s>")
+    stream, labels, owner = [], [], []
+    for i, text in enumerate(texts):  # the stream as the hand makes it: [sep] + the document's own tokens
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        stream += [sep] + ids
+        labels += [-100] + ids
+        owner += [i] * (1 + len(ids))
+    S = 64
+    seg = torch.tensor([stream[k * S : k * S + S + 1] for k in range(2)])
+    lab = torch.tensor([labels[k * S : k * S + S + 1] for k in range(2)])
+    held = (lab[:, 1:] != -100).sum().item()
+    assert held < 128  # separators fall among the targets: the case in hand
+    run = data["run"]
+    assert run["eval_tokens"] == held and sum(run["eval_documents"].values()) == held
+    targets = [owner[k * S + j] for k in range(2) for j in range(1, S + 1) if labels[k * S + j] != -100]
+    assert run["eval_documents"] == {f"d{i}.txt": targets.count(i) for i in dict.fromkeys(targets)}
+    assert "never a scored target" in (out / "table.md").read_text()
+    model = AutoModelForCausalLM.from_pretrained(llama_dir).eval()
+    for rec in data["records"]:
+        L, total, count = rec["eval_len"], 0.0, 0
+        with torch.no_grad():
+            for start in range(0, S, L):
+                ids, y = seg[:, start : start + L + 1], lab[:, start : start + L + 1]  # transformers shifts labels
+                n = int((y[:, 1:] != -100).sum())
+                total += float(model(ids, labels=y).loss) * n
+                count += n
+        assert rec["tokens"] == count == held
+        assert rec["ppl"] == pytest.approx(math.exp(total / count), rel=1e-5)
+        assert rec["bytes"] == sum(len(tokenizer.decode([t])) for t in lab[:, 1:].flatten().tolist() if t != -100)

@@ -104,3 +104,23 @@ def test_task_configs_refuse_fine_tuned_rows_and_sizes_past_the_task():
         load_config("tasks-ci", {"task.name": "recall", "task.train_size": 40})
     cfg = load_config("tasks-ci", {"task.name": "recall", "task.train_size": 8})
     assert cfg.train.train_len == tasks.get("recall").length(8) - 1 and cfg.eval_lengths() == [8, 12, 16, 32]
+
+
+def test_valid_instances_come_from_their_own_seed_and_the_test_ones_are_as_ever():
+    from posenc_bench.bench.config import load_config
+    from posenc_bench.bench.tasks.work import TaskWork, instance_seed, instances_fingerprint
+
+    cfg = load_config("tasks-ci", {"task.eval_instances": 16})
+    work = TaskWork(cfg)
+    t = cfg.task
+    for size in work.lengths:  # the test instances: the seed every committed run drew them from
+        expected = work.task.eval_instances(random.Random(f"{t.name}|{size}|{t.eval_seed}"), size, 16)
+        assert [i.tokens for i in work.instances[size]] == [i.tokens for i in expected]
+    assert instance_seed("copy", 8, 0) == "copy|8|0" and instance_seed("copy", 8, 0, "valid") == "copy|8|0|valid"
+    valid = work.valid()
+    assert valid is work.valid() and {s: len(v) for s, v in valid.items()} == {s: 16 for s in work.lengths}
+    for size in work.lengths:
+        test_tokens = {tuple(i.tokens) for i in work.instances[size]}
+        assert not test_tokens & {tuple(i.tokens) for i in valid[size]}, size  # no test instance is looked at
+    assert work.eval_fingerprint == instances_fingerprint(work.instances) != work.valid_meta()["fingerprint"]
+    assert work.valid_meta()["seed"] == "<task>|<size>|<eval_seed>|valid"
