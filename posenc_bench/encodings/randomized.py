@@ -262,22 +262,30 @@ class Randomized(Encoding):
         return self.base.score_mod(q_pos, k_pos)  # (B, q), (B, k) positions: gathered per sequence
 
 
-class LayerPositions(Encoding):
-    """One attention layer's view under the authors' sampler: the base's hooks at this layer's drawn positions
-    ``pos`` (1, T), whatever positions the model passes (its slots 0 .. T-1); the model plans the layer's
-    attention from ``positions`` (``own_positions``)."""
+class LayerView(Encoding):
+    """One attention layer's view of a ``+rand`` row under the authors' sampler (``Randomized.for_layer``): the
+    wrapped encoding's hooks with that layer's draw; the model plans the layer's attention from the view's
+    ``positions`` (``own_positions``)."""
 
     own_positions = True
     batched_positions = True
 
-    def __init__(self, wrapper: Randomized, pos: torch.Tensor) -> None:
+    def __init__(self, wrapper: Randomized) -> None:
         base = wrapper.base
         super().__init__(d_model=base.d_model, n_heads=base.n_heads, train_len=base.train_len)
-        self.base, self.pos, self.name = base, pos, wrapper.name
-        self.attention_sinks = wrapper.attention_sinks
+        self.base, self.name, self.attention_sinks = base, wrapper.name, wrapper.attention_sinks
+
+
+class LayerPositions(LayerView):
+    """A layer's view at its drawn positions ``pos`` (1, T), whatever positions the model passes (its slots
+    0 .. T-1): rotations and position-reading biases (FIRE) read them."""
+
+    def __init__(self, wrapper: Randomized, pos: torch.Tensor) -> None:
+        super().__init__(wrapper)
+        self.pos = pos
         for flag in ("has_bias", "has_low_rank_bias", "has_distance_bias", "has_score_mod", "bias_kernel",
                      "has_attention_logits", "has_attention_parts", "has_attention_output"):
-            setattr(self, flag, getattr(base, flag))
+            setattr(self, flag, getattr(self.base, flag))
 
     def positions(self, batch: int, length: int, device: torch.device) -> torch.Tensor:
         return self.pos  # (1, T)
@@ -301,23 +309,19 @@ class LayerPositions(Encoding):
         return self.base.score_mod(q_pos, k_pos)
 
 
-class LayerDistances(Encoding):
-    """One attention layer's view of a distance bias under the authors' sampler: the bias between slots i >= j
-    is the base's bias at distance ``s[i - j]`` (``s`` (T,) sorted, s_0 = 0), a Toeplitz matrix like theirs.
-    Its table over the T slot distances, ``line`` (H, T), is the base's own bias at those distances, so the
-    gradient reaches the base's parameters through it (KERPLE's), and it serves the distance-table path."""
+class LayerDistances(LayerView):
+    """A layer's view of a distance bias: the bias between slots i >= j is the base's bias at distance
+    ``s[i - j]`` (``s`` (T,) sorted, s_0 = 0), a Toeplitz matrix like the authors'. Its table over the T slot
+    distances, ``line`` (H, T), is the base's own bias at those distances, so the gradient reaches the base's
+    parameters through it (KERPLE's), and it serves the distance-table path."""
 
-    own_positions = True
-    batched_positions = True
     has_bias = True
     has_distance_bias = True
     has_score_mod = True
 
     def __init__(self, wrapper: Randomized, distances: torch.Tensor) -> None:
-        base = wrapper.base
-        super().__init__(d_model=base.d_model, n_heads=base.n_heads, train_len=base.train_len)
-        self.base, self.distances, self.name = base, distances, wrapper.name
-        self.attention_sinks, self.bias_kernel = wrapper.attention_sinks, base.bias_kernel
+        super().__init__(wrapper)
+        self.distances, self.bias_kernel = distances, self.base.bias_kernel
         self._line: Optional[torch.Tensor] = None
 
     def line(self) -> torch.Tensor:
