@@ -356,6 +356,7 @@ def _checkpoint_config(ckpt: checkpoint.Checkpoint, opts: EvalOptions) -> RunCon
     if opts.data is not None:
         cfg.data.source = opts.data
     cfg.eval.split = opts.split  # valid: what choices made by looking at numbers are made on
+    cfg.eval.tune = False  # eval scores each row at its options: tuning on valid is `run`'s (bench/eval/tune.py)
     cfg.seeds = [ckpt.meta["seed"]]  # the one model evaluated (its run's config lists every seed of the run)
     cfg.device = opts.device
     validate(cfg)

@@ -173,6 +173,27 @@ def test_doc_sep_is_refused_for_our_checkpoints():
         _checkpoint_config(ckpt, EvalOptions(model="results/x/checkpoints/rope-seed0", doc_sep="eos"))
 
 
+def test_a_checkpoint_of_a_tuned_run_is_evaluated_untuned_under_the_untuned_key():
+    """`eval` scores a row at its options (tuning is `run`'s): a checkpoint whose run tuned its fixes gets the
+    eval key of an untuned run, not one holding the grids."""
+    from types import SimpleNamespace
+
+    from posenc_bench.bench.config import RunConfig
+    from posenc_bench.bench.eval.pretrained import EvalOptions, _checkpoint_config
+    from posenc_bench.bench.keys import eval_key
+    from posenc_bench.bench.rows import Row
+
+    tuned = RunConfig()
+    tuned.eval.tune = True
+    tuned.train.train_len = 32
+    ckpt = SimpleNamespace(config=tuned, path="results/x/checkpoints/rope-seed0", meta={"seed": 0})
+    cfg = _checkpoint_config(ckpt, EvalOptions(model="results/x/checkpoints/rope-seed0"))
+    untuned = RunConfig()
+    untuned.train.train_len = 32
+    assert cfg.eval.tune is False
+    assert eval_key(cfg, Row("rope-rerope")) == eval_key(untuned, Row("rope-rerope"))
+
+
 def test_a_pretrained_row_is_on_disk_before_its_summary_line_is_printed(llama_dir, tmp_path, monkeypatch):
     """As for `run`: a long eval stopped right after a row's line is logged keeps that row."""
     from posenc_bench.bench.eval import pretrained
