@@ -169,10 +169,16 @@ class DecoderLM(nn.Module):
         return logits[..., :self.cfg.vocab_size] if logits.shape[-1] != self.cfg.vocab_size else logits  # (B, T, V)
 
 
-def build_encoding(cfg: ModelConfig, encoding: str, train_len: int) -> encodings.Encoding:
-    """The encoding with its options from cfg.encoding_options (an eval-only variant inherits its base's)."""
+def encoding_options(all_options: dict, encoding: str) -> dict:
+    """The options ``encoding`` is built with from ``model.encoding_options``: its trained encoding's (an eval-only
+    variant inherits its base's), then its own."""
     trained_as = encodings.get_class(encoding).trained_as
-    options = {**cfg.encoding_options.get(trained_as, {}), **cfg.encoding_options.get(encoding, {})}
+    return {**all_options.get(trained_as, {}), **all_options.get(encoding, {})}
+
+
+def build_encoding(cfg: ModelConfig, encoding: str, train_len: int) -> encodings.Encoding:
+    """The encoding with its options from cfg.encoding_options (``encoding_options``)."""
+    options = encoding_options(cfg.encoding_options, encoding)
     try:
         return encodings.build(encoding, d_model=cfg.d_model, n_heads=cfg.n_heads, train_len=train_len,
                                n_layers=cfg.n_layers, options=options)

@@ -33,14 +33,14 @@ from posenc_bench import metrics
 from posenc_bench.bench import checkpoint
 from posenc_bench.bench.rows import Row
 from posenc_bench.errors import ConfigError, PositionOutOfRange
+from posenc_bench.model import transformer
 
 SPLIT = "valid"  # the split every choice is made on
 
 
 def row_options(encoding_options: dict, row: Row) -> dict:
-    """The options ``row``'s encoding is built with from ``model.encoding_options``: its trained encoding's, then
-    its own, as the model merges them (``model.transformer.build_encoding``)."""
-    return {**encoding_options.get(row.cls.trained_as, {}), **encoding_options.get(row.encoding, {})}
+    """The options ``row``'s encoding is built with from ``model.encoding_options``, as the model merges them."""
+    return transformer.encoding_options(encoding_options, row.encoding)
 
 
 def window_length(cfg, length: int) -> int:
