@@ -15,7 +15,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="hf:<local folder | hub name | path/to/file.gguf>, or a checkpoint folder (results/x/checkpoints/rope-seed0)")
     e.add_argument("--eval-lens", help="multiples of the train length (1,1.5,2,4x; default) or absolute lengths")
     e.add_argument("--rope-scaling", help="comma list of linear,dynamic,yarn,llama3 (or all), ntk, rerope, leaky, "
-                   "selfextend and sink<S>+sw<W> (attention sinks): one extra row each")
+                   "selfextend, string and sink<S>+sw<W> (attention sinks): one extra row each")
     e.add_argument("--train-len", type=int, help="override the model's own train length (max_position_embeddings)")
     e.add_argument("--data", help="stdlib (default) | shakespeare | sotu | a path or glob | hf:<dataset>[:<config>]")
     e.add_argument("--eval-tokens", type=int, help="target tokens scored at every eval length (HF default 16384)")

@@ -24,8 +24,13 @@ The hooks, all defaulting to "do nothing":
   from small tensors only, so a device with FlexAttention never builds the (q, k) bias (``model/flex.py``).
 - optionally ``attention_output(q, k, v, q_pos, k_pos, mask, scale)`` (``has_attention_output``): softmax of
   those logits @ v by the encoding's own route (CoPE's hand-written backward).
+- optionally ``for_tokens(x)`` (``reads_tokens``): the layer's view for this forward's hidden states x (B, T, C),
+  the attention layer's input, for an encoding whose position signal is computed from the tokens (FoX's
+  forget gates); the model calls it in every attention layer, after ``for_layer``.
 - optionally ``attention_block(length)``: blockwise causal attention (each query sees its own block of
   that many tokens and the previous one), or None.
+- ``set_window(window)``: the model's sliding window, told once when the model is built (``+ssmax`` counts the
+  keys a query sees from it).
 - ``tuning_grid`` and ``tuned_row`` (class methods, ``TuningHooks``): what ``eval.tune`` chooses a zero-shot
   row's options from on the valid split, and how a point is built (``bench/eval/tune.py``).
 - ``attention_sinks`` (a class attribute, not a hook): (S, W) when the first S tokens stay visible beside a
@@ -59,7 +64,7 @@ FAMILIES = (
     "rotary scaling (fine-tuned)",  # the same rescalings, fine-tuned at the longer length first
     "rotary fix (zero-shot)",  # the trained RoPE model with per-pair positions at evaluation (ReRoPE, Self-Extend)
     "attention sinks (zero-shot)",  # a trained model with a sliding window plus the first tokens (StreamingLLM)
-    "contextual",  # positions counted from the content itself (CoPE)
+    "contextual",  # positions or decays computed from the content itself (CoPE, FoX's forget gates)
     "randomized positions",  # a trained encoding that trains on sorted random positions (``+rand``)
     "none",  # no position signal but the causal mask (NoPE)
 )
@@ -93,7 +98,8 @@ class TuningHooks:
 
 class PositionTraits:
     """What an encoding declares about the positions its hooks read: what ``+rand`` (``randomized.py``) needs
-    to know to wrap it, and what the model needs to know of a layer's view with positions of its own."""
+    to know to wrap it, and what the model needs to know of a layer's view with positions of its own; and the
+    model's window, told to an encoding that counts the keys a query sees (``set_window``)."""
 
     # True when every position-reading hook accepts (B, T) positions (one row per sequence): the encodings
     # ``+rand`` can wrap.
@@ -107,6 +113,15 @@ class PositionTraits:
     # How ``+rand`` over this encoding evaluates by default: "random" positions, as Ruoss et al. 2023 do at
     # test time, or "ordered" (0 .. L-1) where the authors of the randomized recipe evaluate so (FIRE).
     randomized_eval: ClassVar[str] = "random"
+    # True when the attention reads the layer's hidden states (``for_tokens``): FoX's forget gates.
+    reads_tokens: ClassVar[bool] = False
+    # A layer view's own sliding window (a hybrid's RoPE layers): the model plans that layer's attention with it
+    # instead of its own window; None: the model's.
+    own_window: ClassVar[Optional[int]] = None
+
+    def set_window(self, window: Optional[int]) -> None:
+        """Called once by the model that holds the encoding with its sliding window W (None: every earlier key),
+        for an encoding whose hooks depend on how many keys a query sees (SSMax's log min(i + 1, W))."""
 
 
 class Encoding(TuningHooks, PositionTraits, nn.Module):
@@ -186,6 +201,10 @@ class Encoding(TuningHooks, PositionTraits, nn.Module):
         """The encoding as attention layer ``layer`` sees it: itself, or that layer's view (CoPE's tables)."""
         return self
 
+    def for_tokens(self, x: torch.Tensor) -> "Encoding":
+        """Optional (``reads_tokens``): the view for hidden states x (B, T, C), the layer's normalised input."""
+        return self
+
     def set_eval_windows(self, windows: Optional[torch.Tensor]) -> None:
         """Called before each eval forward with the run-wide index (B,) int64 of each window in the batch (None
         after evaluation): an encoding whose eval positions are random (``+rand``) seeds them by window, so
@@ -255,6 +274,23 @@ class Encoding(TuningHooks, PositionTraits, nn.Module):
         arXiv:2412.05496) calls it on 0-d tensors inside its kernel; on CUDA gradients reach the tensors it
         captures."""
         return None
+
+
+class LayerOf:
+    """``encoding`` as attention layer ``layer`` sees it (``Encoding.for_layer``): what a subclass defines (that
+    layer's table, gate or coefficients), everything else (hooks, capability flags, sizes, the attention sinks of
+    a sink row) read from the whole encoding, so the attention plan treats it as the encoding itself. Not a
+    module: the parameters stay in the encoding. The explicit paths and ``rotate`` call the layer's view
+    (``model/plan.Chunk.encoding``), so each layer attends with its own."""
+
+    def __init__(self, encoding: Encoding, layer: int) -> None:
+        self.encoding, self.layer = encoding, layer
+
+    def __getattr__(self, name: str):  # only for what this class does not define
+        return getattr(self.encoding, name)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.encoding.name}, layer={self.layer})"
 
 
 # The attribute ``consecutive_start`` memoizes its answer under, on the positions tensor itself.

@@ -35,13 +35,12 @@ definition.
 
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 from torch import nn
 
 from posenc_bench.encodings import cope_kernel
-from posenc_bench.encodings.base import Encoding
+from posenc_bench.encodings.base import Encoding, LayerOf
 from posenc_bench.encodings.registry import register
 
 
@@ -231,27 +230,13 @@ class CoPE(Encoding):
         return cope_attention(self.table(0), q, k, v, mask, scale)
 
 
-class CoPELayer:
-    """CoPE as attention layer ``layer`` sees it (``CoPE.for_layer``): its own position table, everything else
-    (hooks, capability flags, sizes, attention sinks of a ``cope+sink`` row) read from the whole encoding, so
-    the attention plan treats it as the encoding itself. Not a module: the parameters stay in the encoding.
-    The explicit attention path calls the layer's encoding (``model/plan.Chunk.encoding``), so each layer's
-    logits use its own table."""
-
-    def __init__(self, cope: CoPE, layer: int) -> None:
-        self.cope = cope
-        self.layer = layer
-
-    def __getattr__(self, name: str) -> Any:  # only for what this class does not define
-        return getattr(self.cope, name)
-
-    def __repr__(self) -> str:
-        return f"CoPELayer(layer={self.layer}, shared={self.cope.shared})"
+class CoPELayer(LayerOf):
+    """CoPE as attention layer ``layer`` sees it (``CoPE.for_layer``): its own position table."""
 
     def attention_logits(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
                          mask: torch.Tensor, scale: float) -> torch.Tensor:
-        return cope_logits(self.cope.table(self.layer), q, k, mask, scale)
+        return cope_logits(self.encoding.table(self.layer), q, k, mask, scale)
 
     def attention_output(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
                          k_pos: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-        return cope_attention(self.cope.table(self.layer), q, k, v, mask, scale)
+        return cope_attention(self.encoding.table(self.layer), q, k, v, mask, scale)

@@ -21,8 +21,9 @@ REGISTRY: dict[str, type[Encoding]] = {}
 
 # The family modules; importing them fills REGISTRY, and the listing follows their order. Adding a family adds
 # one name here.
-MODULES = ("absolute", "rope", "partial_rope", "xpos", "rope_scaling", "rope_fixes", "t5", "alibi", "kerple", "fire",
-           "cope", "nope", "randomized", "sinks")  # randomized after the encodings it wraps; sinks: name patterns
+MODULES = ("absolute", "rope", "partial_rope", "xpos", "fope", "hybrid", "rope_scaling", "rope_fixes", "string", "t5",
+           "alibi", "kerple", "fire", "dape", "cope", "fox", "stickbreaking", "nope",
+           "randomized", "ssmax", "sinks")  # randomized and ssmax after the encodings they wrap; sinks: name patterns
 
 
 def register(name: str) -> Callable[[type[Encoding]], type[Encoding]]:

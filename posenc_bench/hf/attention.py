@@ -152,5 +152,6 @@ def is_plain_rope(encoding: encodings.Encoding, length: int) -> bool:
 
 def describe(encoding: encodings.Encoding) -> dict:
     """What a rerouted record ran: the encoding and the options it was set to at this length."""
-    keys = ("theta", "window", "slope", "neighbor_window", "group", "attention_sinks")
+    keys = ("theta", "window", "slope", "neighbor_window", "group", "shift", "local_window", "attention_factor",
+            "attention_sinks")
     return {"encoding": encoding.name, **{k: getattr(encoding, k) for k in keys if getattr(encoding, k, None) is not None}}

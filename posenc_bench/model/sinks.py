@@ -32,6 +32,7 @@ def sink_attention(plan: AttentionPlan, c: Chunk) -> torch.Tensor:
         # one rotate call for both, so that an encoding whose rotation reads the whole position vector (xPos
         # centres its scales on it) treats queries and sinks alike: (B, H, q + n, D)
         both = torch.cat((q_raw, sinks_raw), dim=2)
-        rq, rk = plan.encoding.rotate(both, both, torch.cat((cache, k_pos[:n])))
+        encoding = plan.encoding if c.encoding is None else c.encoding  # the layer's view (Encoding.for_layer)
+        rq, rk = encoding.rotate(both, both, torch.cat((cache, k_pos[:n])))
         logits[..., :n] = rq[:, :, :-n] @ rk[:, :, -n:].transpose(-1, -2)
     return torch.softmax(logits.float() * c.scale + c.mask, dim=-1).to(c.v.dtype) @ c.v

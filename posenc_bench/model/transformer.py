@@ -5,7 +5,8 @@ which encoding it has:
   positions(B, T) once per forward; embed(x, pos) once after the token embedding; rotate(q, k, pos) in every
   layer; bias(q_pos, k_pos) for the attention logits (shared by all layers, but for a layer view with
   ``own_positions``, planned from its own positions: ``+rand``'s per-layer draws); attention_logits(...) per query
-  chunk for an encoding that computes the logits itself (``has_attention_logits``: CoPE, ReRoPE, Self-Extend).
+  chunk for an encoding that computes the logits itself (``has_attention_logits``: CoPE, ReRoPE, Self-Extend);
+  for_tokens(x) in every layer whose view reads the layer's input (``reads_tokens``: FoX's forget gates).
   An encoding with ``attention_sinks`` (StreamingLLM rows) gets the same hooks, called again for the queries'
   cache positions towards the sinks (``sinks.py``).
 Attention runs along the forward's ``AttentionPlan`` (``plan.py``; ``attention.py`` runs it): the path
@@ -59,6 +60,8 @@ class CausalSelfAttention(nn.Module):
         D = C // self.n_heads
         scale = 1.0 / math.sqrt(D)
         q, k, v = self.qkv(x).split(C, dim=2)
+        if encoding.reads_tokens:  # a position signal computed from this layer's input (FoX's forget gates)
+            encoding = encoding.for_tokens(x)
         # (B, T, C) -> (B, H, T, D)
         q, k, v = (t.view(B, T, self.n_heads, D).transpose(1, 2) for t in (q, k, v))
         y = attend(encoding, plan, q, k, v, scale)  # (B, H, T, D)
@@ -113,6 +116,7 @@ class DecoderLM(nn.Module):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed + 1_000_003)
             self.encoding = build_encoding(cfg, encoding, train_len)
+        self.encoding.set_window(window)  # for an encoding that counts the keys a query sees (+ssmax)
 
     def _init_weights(self) -> None:
         for name, p in self.named_parameters():
@@ -155,15 +159,17 @@ class DecoderLM(nn.Module):
         # asked once here, on the host, and memoized on pos: no layer syncs or breaks a compiled graph for it
         encodings.consecutive_start(pos)
         x = self.encoding.embed(self.tok_emb(idx), pos)  # (B, T, C)
-        plan = None  # one plan shared by the layers, made at the first layer that uses it
+        plans = {}  # by sliding window: one plan shared by the layers that attend alike, made when first used
         for i, block in enumerate(self._compiled or self.blocks):
             layer = self.encoding.for_layer(i)
+            window = self.window if layer.own_window is None else layer.own_window  # a hybrid's layers differ
             if layer.own_positions:  # this layer's positions are its own (+rand's per-layer draws): its own plan
-                layer_plan = AttentionPlan(layer, layer.positions(B, T, idx.device), self.window,
-                                           self.max_mask_bytes, batch=B)
+                layer_plan = AttentionPlan(layer, layer.positions(B, T, idx.device), window, self.max_mask_bytes,
+                                           batch=B)
             else:
-                plan = plan or AttentionPlan(self.encoding, pos, self.window, self.max_mask_bytes, batch=B)
-                layer_plan = plan
+                if window not in plans:
+                    plans[window] = AttentionPlan(self.encoding, pos, window, self.max_mask_bytes, batch=B)
+                layer_plan = plans[window]
             x = block(x, layer, layer_plan)
         logits = self.lm_head(self.ln_f(x))  # (B, T, V_pad)
         return logits[..., :self.cfg.vocab_size] if logits.shape[-1] != self.cfg.vocab_size else logits  # (B, T, V)

@@ -8,7 +8,7 @@ def test_list_and_console_script_exit_codes():
     res = subprocess.run([sys.executable, "-m", "posenc_bench", "list"], capture_output=True, text=True)
     assert res.returncode == 0
     names = [line.split()[0] for line in res.stdout.splitlines()]
-    assert names[:4] == ["sinusoidal", "learned", "rope", "rope-partial"] and names[-3:] == ["fire+rand", "<name>+sw<W>", "<name>+sink<S>+sw<W>"]
+    assert names[:4] == ["sinusoidal", "learned", "rope", "rope-partial"] and names[-3:] == ["nope+ssmax", "<name>+sw<W>", "<name>+sink<S>+sw<W>"]
     assert "rope-yarn" in names and "rope-linear-ft" in names and "cope" in names
     lines = {line.split()[0]: line for line in res.stdout.splitlines()}
     assert "relative bias" in lines["fire"] and "arXiv:2310.04418" in lines["fire"]  # family and paper

@@ -28,15 +28,16 @@ def test_unknown_encoding_names_the_value_and_the_valid_ones():
 # Every row's family, grouped: what family() gave before it read the classes only (it also guessed from module
 # names and hooks then); a sink row's class is generated from its name.
 FAMILY_ROWS = {
-    "classic absolute": ["sinusoidal", "learned"],
-    "rotary": ["rope", "rope-partial", "xpos", "xpos+bca"],
+    "classic absolute": ["sinusoidal", "learned", "sinusoidal+ssmax", "learned+ssmax"],
+    "rotary": ["rope", "rope-partial", "xpos", "xpos+bca", "rnope-swa", "fope", "rope+ssmax", "rope-partial+ssmax",
+               "xpos+ssmax"],
     "rotary scaling (zero-shot)": ["rope-linear", "rope-ntk", "rope-dynamic", "rope-yarn", "rope-llama3"],
     "rotary scaling (fine-tuned)": ["rope-ft", "rope-linear-ft", "rope-ntk-ft", "rope-dynamic-ft", "rope-yarn-ft",
                                     "rope-llama3-ft"],
-    "rotary fix (zero-shot)": ["rope-rerope", "rope-leaky", "rope-selfextend"],
-    "relative bias": ["t5", "alibi", "kerple", "kerple-power", "fire"],
-    "contextual": ["cope"],
-    "none": ["nope"],
+    "rotary fix (zero-shot)": ["rope-rerope", "rope-leaky", "rope-selfextend", "rope-string"],
+    "relative bias": ["t5", "alibi", "kerple", "kerple-power", "fire", "dape-kerple", "dape-alibi"],
+    "contextual": ["cope", "fox", "stickbreaking"],
+    "none": ["nope", "nope+ssmax"],
     "randomized positions": ["sinusoidal+rand", "learned+rand", "rope+rand", "rope-partial+rand", "xpos+rand",
                              "alibi+rand", "kerple+rand", "kerple-power+rand", "fire+rand"],
     "attention sinks (zero-shot)": ["rope+sink4+sw64", "alibi+sink2", "rope+rand+sink4+sw64"],
@@ -78,7 +79,8 @@ def test_trained_and_variants_select_rows_by_their_hooks():
     trained = encodings.trained()
     assert trained == [n for n in encodings.available() if encodings.get_class(n).trained_as is None]
     assert {"rope", "alibi", "rope+rand"} <= set(trained) and "rope-linear" not in trained
-    assert encodings.variants("rope", family="rotary fix (zero-shot)") == ["rope-rerope", "rope-leaky", "rope-selfextend"]
+    assert encodings.variants("rope", family="rotary fix (zero-shot)") == ["rope-rerope", "rope-leaky", "rope-selfextend",
+                                                                           "rope-string"]
     assert encodings.variants("rope", finetuned=True) == ["rope-ft", "rope-linear-ft", "rope-ntk-ft", "rope-dynamic-ft",
                                                           "rope-yarn-ft", "rope-llama3-ft"]
     assert encodings.variants("alibi") == []
@@ -118,7 +120,7 @@ def test_past_the_train_length(name, tiny_cfg):
     try:
         model.encoding.set_eval_length(4 * TRAIN_LEN)
     except PositionOutOfRange as e:
-        assert name == "learned"  # learned+rand's table has M = 8 x the train length rows
+        assert name in ("learned", "learned+ssmax")  # learned+rand's table has M = 8 x the train length rows
         assert str(TRAIN_LEN) in str(e)
         with pytest.raises(PositionOutOfRange):
             model(x)
@@ -186,8 +188,9 @@ def test_listing_order_does_not_depend_on_import_order():
             "from posenc_bench import encodings; print(','.join(encodings.available()))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == ",".join(NAMES) == (
-        "sinusoidal,learned,rope,rope-partial,xpos,xpos+bca,rope-linear,rope-ntk,rope-dynamic,rope-yarn,rope-llama3,"
-        "rope-ft,rope-linear-ft,rope-ntk-ft,rope-dynamic-ft,rope-yarn-ft,rope-llama3-ft,rope-rerope,rope-leaky,"
-        "rope-selfextend,t5,alibi,kerple,kerple-power,"
-        "fire,cope,nope,sinusoidal+rand,learned+rand,rope+rand,rope-partial+rand,xpos+rand,alibi+rand,kerple+rand,"
-        "kerple-power+rand,fire+rand")
+        "sinusoidal,learned,rope,rope-partial,xpos,xpos+bca,fope,rnope-swa,rope-linear,rope-ntk,rope-dynamic,"
+        "rope-yarn,rope-llama3,rope-ft,rope-linear-ft,rope-ntk-ft,rope-dynamic-ft,rope-yarn-ft,rope-llama3-ft,"
+        "rope-rerope,rope-leaky,rope-selfextend,rope-string,t5,alibi,kerple,kerple-power,fire,dape-kerple,dape-alibi,"
+        "cope,fox,stickbreaking,nope,sinusoidal+rand,learned+rand,rope+rand,rope-partial+rand,xpos+rand,alibi+rand,"
+        "kerple+rand,kerple-power+rand,fire+rand,sinusoidal+ssmax,learned+ssmax,rope+ssmax,rope-partial+ssmax,"
+        "xpos+ssmax,nope+ssmax")

@@ -98,6 +98,9 @@ def test_selfextend_with_group_1_is_the_identity_on_its_explicit_path(model):
     ("rope-rerope", {"window": 4}, lambda i, j: (i, j) if i - j < 4 else (4, 0)),
     # Leaky ReRoPE: w + (i - j - w) / k beyond w
     ("rope-leaky", {"window": 4, "slope": 4.0}, lambda i, j: (i, j) if i - j < 4 else (i / 4 + 4 * (1 - 1 / 4), j / 4)),
+    # STRING (An et al. 2024): distances from S on are d - S + W: q at i - S + W, k at j (factor 1: the rule alone)
+    ("rope-string", {"shift": 5, "local_window": 2, "attention_factor": 1.0},
+     lambda i, j: (i, j) if i - j < 5 else (i - 5 + 2, j)),
 ])
 def test_fix_on_a_hugging_face_model_follows_its_papers_rule(model, name, options, rule):
     T = 14  # past the fixes' thresholds: train length 8 below

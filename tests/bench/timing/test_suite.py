@@ -67,7 +67,7 @@ def test_what_is_timed_is_the_registrys():
     assert fused_first(encodings.trained())[:2] == ["nope", "sinusoidal"] and "rope-linear" not in encodings.trained()
     assert encodings.variants("rope", family="rotary scaling (zero-shot)") == [
         "rope-linear", "rope-ntk", "rope-dynamic", "rope-yarn", "rope-llama3"]
-    assert rope_fixes(512) == ["rope-rerope", "rope-leaky", "rope-selfextend", "rope+sink4+sw508"]
+    assert rope_fixes(512) == ["rope-rerope", "rope-leaky", "rope-selfextend", "rope-string", "rope+sink4+sw508"]
 
 
 def timed_result(resolution_s, rows):
@@ -113,7 +113,8 @@ def test_parts_and_encodings_choose_what_runs():
     assert timed_encodings(TimingConfig(encodings=["t5", "rope"])) == ["nope", "t5", "rope"]
     with pytest.raises(ConfigError, match="'rope-yarn' are not trained encodings"):
         timed_encodings(TimingConfig(encodings=["rope-yarn"]))
-    assert bias_encodings(encodings.trained()) == ["t5", "alibi", "kerple", "kerple-power", "fire"]
+    assert bias_encodings(encodings.trained()) == ["t5", "alibi", "kerple", "kerple-power", "fire", "dape-kerple",
+                                                   "dape-alibi"]
 
 
 def test_time_reports_training_peak_memory_throughput_and_the_bias_rows_eval_peak(tmp_path, capsys):
