@@ -29,8 +29,7 @@ STALE = {
                               "xpos+rand", "kerple-power+rand", "rope-rerope", "rope-leaky", "rope-selfextend"},
     # made under the per-sequence sampler, before the authors' sampler became +rand's default (and its key); and
     # rope-selfextend before its default (G, W) came from the LongLM README's inequalities (its eval options)
-    # (copy, needle, addition, reverse and copy-full were rerun since: every record of theirs is checked)
-    "results/tasks/addition-hints": {"fire+rand"},
+    # (copy, needle, addition, reverse, addition-hints and copy-full were rerun since: every record of theirs is checked)
 }
 
 
