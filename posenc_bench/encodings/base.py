@@ -293,6 +293,63 @@ class LayerOf:
         return f"{type(self).__name__}({self.encoding.name}, layer={self.layer})"
 
 
+class TokenReading(Encoding):
+    """An encoding whose attention logits are computed from each layer's hidden states (FoX's forget gates, PaTH's
+    Householder transformations): per-layer parameters for ``n_layers`` layers, and the explicit-logits path. A
+    subclass defines ``read(x, layer)``, what it computes from the layer's input x (B, T, C), and
+    ``logits_of(state, q, k, q_pos, k_pos, mask, scale)``, a query chunk's logits from that state. The model asks
+    each layer's view (``for_layer``, then ``for_tokens``); as itself the encoding is layer 0 (as CoPE's base is),
+    which is what a one-layer caller (``posenc-bench time``) attends with."""
+
+    has_attention_logits = True  # the model plans the explicit-logits path; each layer's view computes them
+    reads_tokens = True
+    n_layers: int
+
+    def for_layer(self, layer: int) -> "TokenLayer":
+        if not 0 <= layer < self.n_layers:
+            raise ValueError(f"layer {layer} out of range: this {self.name} has parameters for layers "
+                             f"0..{self.n_layers - 1}")
+        return TokenLayer(self, layer)
+
+    def for_tokens(self, x: torch.Tensor) -> "TokenState":
+        return self.for_layer(0).for_tokens(x)
+
+    def attention_logits(self, q, k, q_pos, k_pos, mask, scale):
+        raise RuntimeError(f"{self.name}'s logits need a layer's hidden states: ask for_layer(i).for_tokens(x) (the "
+                           f"model does, in every attention layer)")
+
+    def read(self, x: torch.Tensor, layer: int):
+        """What layer ``layer``'s attention needs from its hidden states x (B, T, C)."""
+        raise NotImplementedError
+
+    def logits_of(self, state, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
+                  mask: torch.Tensor, scale: float) -> torch.Tensor:
+        """(B, H, q, k) float32 logits of one query chunk, mask included, from ``read``'s ``state``."""
+        raise NotImplementedError
+
+
+class TokenLayer(LayerOf):
+    """A ``TokenReading`` encoding as attention layer ``layer`` sees it: it reads the layer's hidden states."""
+
+    def for_tokens(self, x: torch.Tensor) -> "TokenState":
+        return TokenState(self.encoding, self.layer, self.encoding.read(x, self.layer))
+
+
+class TokenState(LayerOf):
+    """One layer's ``TokenReading`` encoding for one forward: ``state``, what it read from the hidden states, for
+    ``attention_logits`` (the explicit-logits path)."""
+
+    reads_tokens = False
+
+    def __init__(self, encoding: TokenReading, layer: int, state) -> None:
+        super().__init__(encoding, layer)
+        self.state = state
+
+    def attention_logits(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
+                         mask: torch.Tensor, scale: float) -> torch.Tensor:
+        return self.encoding.logits_of(self.state, q, k, q_pos, k_pos, mask, scale)
+
+
 # The attribute ``consecutive_start`` memoizes its answer under, on the positions tensor itself.
 _START_MEMO = "_posenc_consecutive_start"
 

@@ -35,12 +35,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc_bench.encodings.base import INIT_STD, Encoding, LayerOf
+from posenc_bench.encodings.base import INIT_STD, TokenReading
 from posenc_bench.encodings.registry import register
 
 
 @register("fox")
-class ForgettingAttention(Encoding):
+class ForgettingAttention(TokenReading):
     """Per-layer forget gates, weight (n_layers, H, C) and bias (n_layers, H); the model asks each layer's view
     (``for_layer``, then ``for_tokens``) for that layer's decay."""
 
@@ -48,8 +48,6 @@ class ForgettingAttention(Encoding):
     family = "contextual"
     paper = "Lin et al. 2025, ICLR (arXiv:2503.02130)"
     newer = True
-    has_attention_logits = True  # the model plans the explicit-logits path; each layer's view computes them
-    reads_tokens = True  # as itself, layer 0 (as CoPE's base is): what a one-layer caller (timing) attends with
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int, n_layers: int = 1) -> None:
         super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len)
@@ -57,22 +55,18 @@ class ForgettingAttention(Encoding):
         self.gate_weight = nn.Parameter(torch.randn(n_layers, n_heads, d_model) * INIT_STD)  # (L, H, C)
         self.gate_bias = nn.Parameter(torch.zeros(n_layers, n_heads))  # (L, H): gates start near 1/2
 
-    def for_layer(self, layer: int) -> "ForgetLayer":
-        if not 0 <= layer < self.n_layers:
-            raise ValueError(f"layer {layer} out of range: this FoX has gates for layers 0..{self.n_layers - 1}")
-        return ForgetLayer(self, layer)
-
-    def for_tokens(self, x: torch.Tensor) -> "ForgetTokens":
-        return self.for_layer(0).for_tokens(x)
-
-    def attention_logits(self, q, k, q_pos, k_pos, mask, scale):
-        raise RuntimeError("FoX's logits need a layer's hidden states: ask for_layer(i).for_tokens(x) (the model "
-                           "does, in every attention layer)")
-
     def log_gates(self, x: torch.Tensor, layer: int) -> torch.Tensor:
         """log f (B, H, T) in float32 of hidden states x (B, T, C) at attention layer ``layer``."""
         logit = x.float() @ self.gate_weight[layer].float().T + self.gate_bias[layer].float()  # (B, T, H)
         return F.logsigmoid(logit).transpose(1, 2)  # (B, T, H) -> (B, H, T)
+
+    def read(self, x: torch.Tensor, layer: int) -> torch.Tensor:
+        """The cumulative log gates c (B, H, T) of layer ``layer``'s hidden states x (B, T, C)."""
+        return torch.cumsum(self.log_gates(x, layer), dim=-1)
+
+    def logits_of(self, cum: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor,
+                  k_pos: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+        return decay_logits(q, k, cum, q_pos, k_pos, mask, scale)
 
 
 def decay_logits(q: torch.Tensor, k: torch.Tensor, cum: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
@@ -81,26 +75,3 @@ def decay_logits(q: torch.Tensor, k: torch.Tensor, cum: torch.Tensor, q_pos: tor
     gates ``cum`` (B, H, T) of the whole window, indexed by the chunk's token positions (q,), (k,)."""
     decay = cum[..., q_pos, None] - cum[..., None, k_pos]  # (B, H, q, k), <= 0 for j <= i
     return (q @ k.transpose(-1, -2)).float() * scale + decay + mask
-
-
-class ForgetLayer(LayerOf):
-    """FoX as attention layer ``layer`` sees it (``ForgettingAttention.for_layer``): its gate, read from the
-    layer's hidden states (``reads_tokens``)."""
-
-    def for_tokens(self, x: torch.Tensor) -> "ForgetTokens":
-        return ForgetTokens(self.encoding, self.layer, torch.cumsum(self.encoding.log_gates(x, self.layer), dim=-1))
-
-
-class ForgetTokens(LayerOf):
-    """One layer's FoX for one forward: the cumulative log gates ``cum`` (B, H, T) of its hidden states, read by
-    ``attention_logits`` (the explicit-logits path)."""
-
-    reads_tokens = False
-
-    def __init__(self, fox: ForgettingAttention, layer: int, cum: torch.Tensor) -> None:
-        super().__init__(fox, layer)
-        self.cum = cum
-
-    def attention_logits(self, q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
-                         mask: torch.Tensor, scale: float) -> torch.Tensor:
-        return decay_logits(q, k, self.cum, q_pos, k_pos, mask, scale)

@@ -22,7 +22,7 @@ REGISTRY: dict[str, type[Encoding]] = {}
 # The family modules; importing them fills REGISTRY, and the listing follows their order. Adding a family adds
 # one name here.
 MODULES = ("absolute", "rope", "partial_rope", "xpos", "fope", "hybrid", "rope_scaling", "rope_fixes", "string", "t5",
-           "alibi", "kerple", "fire", "dape", "cope", "fox", "stickbreaking", "nope",
+           "alibi", "kerple", "fire", "dape", "cope", "fox", "path", "stickbreaking", "nope",
            "randomized", "ssmax", "sinks")  # randomized and ssmax after the encodings they wrap; sinks: name patterns
 
 

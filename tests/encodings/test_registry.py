@@ -36,7 +36,7 @@ FAMILY_ROWS = {
                                     "rope-llama3-ft"],
     "rotary fix (zero-shot)": ["rope-rerope", "rope-leaky", "rope-selfextend", "rope-string"],
     "relative bias": ["t5", "alibi", "kerple", "kerple-power", "fire", "dape-kerple", "dape-alibi"],
-    "contextual": ["cope", "fox", "stickbreaking"],
+    "contextual": ["cope", "fox", "path", "stickbreaking"],
     "none": ["nope", "nope+ssmax"],
     "randomized positions": ["sinusoidal+rand", "learned+rand", "rope+rand", "rope-partial+rand", "xpos+rand",
                              "alibi+rand", "kerple+rand", "kerple-power+rand", "fire+rand"],
@@ -191,6 +191,6 @@ def test_listing_order_does_not_depend_on_import_order():
         "sinusoidal,learned,rope,rope-partial,xpos,xpos+bca,fope,rnope-swa,rope-linear,rope-ntk,rope-dynamic,"
         "rope-yarn,rope-llama3,rope-ft,rope-linear-ft,rope-ntk-ft,rope-dynamic-ft,rope-yarn-ft,rope-llama3-ft,"
         "rope-rerope,rope-leaky,rope-selfextend,rope-string,t5,alibi,kerple,kerple-power,fire,dape-kerple,dape-alibi,"
-        "cope,fox,stickbreaking,nope,sinusoidal+rand,learned+rand,rope+rand,rope-partial+rand,xpos+rand,alibi+rand,"
-        "kerple+rand,kerple-power+rand,fire+rand,sinusoidal+ssmax,learned+ssmax,rope+ssmax,rope-partial+ssmax,"
-        "xpos+ssmax,nope+ssmax")
+        "cope,fox,path,stickbreaking,nope,sinusoidal+rand,learned+rand,rope+rand,rope-partial+rand,xpos+rand,"
+        "alibi+rand,kerple+rand,kerple-power+rand,fire+rand,sinusoidal+ssmax,learned+ssmax,rope+ssmax,"
+        "rope-partial+ssmax,xpos+ssmax,nope+ssmax")

@@ -1,0 +1,174 @@
+"""PaTH: no position signal but a data-dependent Householder-like transformation per head and token, accumulated
+between a key and the query that reads it (Yang, Shen, Wen, Tan, Mishra, Ren, Panda & Kim, "PaTH Attention:
+Position Encoding via Accumulating Householder Transformations", arXiv:2505.16381, 2025).
+
+Each token t gets per head h a matrix H_t = I - beta_t w_t w_t^T from the attention layer's input x_t, and query
+i weighs key j <= i by
+
+    softmax_j( q_i^T H_i H_{i-1} ... H_{j+1} k_j * scale ),    scale = 1 / sqrt(D),
+
+the product empty (I) at j = i: the relation between a query and a key is the transformations of the tokens
+after the key up to the query, learned from the content (RoPE is the special case of fixed rotations). As the
+authors' code has it (fla-org/flash-linear-attention at commit bc3b101dcb713ddc5bd8924b66754eb68b5ccf89):
+
+- ``fla/layers/path_attn.py``, ``PaTHAttention.__init__`` and ``forward`` (lines 31-125), at the defaults of
+  ``fla/models/path_attn/configuration_path_attention.py`` (``use_low_rank_w=True``, ``use_w_shortconv=True``,
+  ``use_forget_gate=False``; the layer's ``use_qk_norm=False``, ``conv_size=3``, ``conv_bias=False``):
+  w = l2_norm(silu(causal depthwise conv_3(W_up W_down x))) per head, W_down (32, C) and W_up (C, 32) without
+  biases (lines 63-66: the low-rank ``w_proj``, rank 32 whatever C), the ``ShortConvolution`` of kernel 3 with
+  silu and no bias (line 81; ``fla/modules/conv/short_conv.py``: causal, ``weight[:, -1]`` on the current token,
+  as ``tests/modules/test_conv.py``'s ``causal_conv1d_ref_torch`` writes it), ``l2_norm`` x / sqrt(|x|^2 + 1e-6)
+  (line 124; ``fla/modules/l2norm.py``, eps 1e-6); beta = 2 sigmoid(b . x + c) per head (lines 83 and 111:
+  "allowing negative eigenvalues", so H_t ranges from I (beta 0) through a projection (beta 1) to a reflection
+  (beta 2)); no RoPE, no forget gate ("PaTH", not "PaTH-FoX").
+- ``fla/ops/path_attn/naive.py``, ``naive_path_attn`` (lines 13-97): the logits, their product order and range.
+  Within a chunk the diagonal is q_i . k_i (line 73: the strictly lower ``Twbk`` leaves it alone), keys are
+  carried to their chunk's end through the H after them (line 75), queries back through whole chunks (line 87),
+  scale 1 / sqrt(D) (``fla/ops/path_attn/parallel.py``, ``parallel_path_attn``: ``k.shape[-1] ** -0.5``). The
+  layer's decoding branch (lines 149-157, ``rank_one_update``) says the same one key at a time: every cached key
+  becomes H_t k when token t arrives, so key j meets query i as H_i ... H_{j+1} k_j.
+- Initialisation: ``fla/models/path_attn/modeling_path_attention.py``, ``_init_weights`` (lines 181-197): every
+  Linear's and Conv1d's weight N(0, initializer_range = 0.02), every bias 0, so beta starts near 2 sigmoid(0) = 1.
+
+Here: each layer has its own W_down, W_up, conv, b, c (``for_layer``), parameters of shape (n_layers, ...) drawn
+from the encoding's own seed stream as every encoding's are; the layer's view for a forward
+(``for_tokens``) holds w (B, H, T, D) and beta (B, H, T) of its hidden states, and its ``attention_logits``
+computes each query chunk's logits exactly (``householder_logits``): the tokens in blocks of ``BLOCK``; keys
+carried to their block's end and queries back to their block's start one H at a time inside the block, the
+block's product H_a ... H_{a+L-1} (D x D, per block, not per pair) carrying the queries back across whole
+blocks, O(T^2 D (1 + D / BLOCK)) per head and 3 BLOCK + T / BLOCK Python steps per chunk, never a product per
+pair (the authors' naive reference does the same with a UT transform per chunk of 64). A sink row
+(``path+sink<S>+sw<W>``) applies the H of every token between a sink and the query, as the authors' cache
+would (each cached key updated by every arriving token). The authors' Triton kernels are a faster route to the
+same values on a GPU.
+
+Deviations: the projections, conv, norm and logits run in float32 (float64 in a float64 model) where the
+authors' layer runs them in bf16 with w and beta in float32; the positions a chunk reads are its token indices,
+so a row that re-indexes positions (``+rand``) cannot wrap it (``batched_positions`` stays False). Nothing else:
+no option changes the authors' defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from posenc_bench.encodings.base import INIT_STD, TokenReading
+from posenc_bench.encodings.registry import register
+
+# The rank of the authors' low-rank w projection (``PaTHAttention``: nn.Linear(hidden_size, 32)), whatever C.
+W_RANK = 32
+# The kernel of the authors' short convolution on w (``conv_size=3``).
+CONV_SIZE = 3
+# The eps inside the authors' l2 norm of w (``fla/modules/l2norm.py``): w / sqrt(|w|^2 + eps).
+L2_EPS = 1e-6
+# Tokens per block of ``householder_logits``: Python steps per chunk ~ 3 BLOCK + T / BLOCK.
+BLOCK = 16
+
+
+@register("path")
+class PaTHAttention(TokenReading):
+    """Per-layer Householder parameters: w's projections W_down (n_layers, 32, C) and W_up (n_layers, C, 32), its
+    short convolution (n_layers, C, 3), beta's weight (n_layers, H, C) and bias (n_layers, H); the model asks each
+    layer's view (``for_layer``, then ``for_tokens``) for that layer's transformations."""
+
+    summary = "PaTH: data-dependent Householder transformations accumulated between key and query (no positions)"
+    family = "contextual"
+    paper = "Yang et al. 2025 (arXiv:2505.16381)"
+    newer = True
+    def __init__(self, *, d_model: int, n_heads: int, train_len: int, n_layers: int = 1) -> None:
+        super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len)
+        self.n_layers = n_layers
+        self.w_down = nn.Parameter(torch.randn(n_layers, W_RANK, d_model) * INIT_STD)  # (L, 32, C)
+        self.w_up = nn.Parameter(torch.randn(n_layers, d_model, W_RANK) * INIT_STD)  # (L, C, 32)
+        self.w_conv = nn.Parameter(torch.randn(n_layers, d_model, CONV_SIZE) * INIT_STD)  # (L, C, 3): oldest first
+        self.beta_weight = nn.Parameter(torch.randn(n_layers, n_heads, d_model) * INIT_STD)  # (L, H, C)
+        self.beta_bias = nn.Parameter(torch.zeros(n_layers, n_heads))  # (L, H): beta starts near 1
+
+    def householder(self, x: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(w (B, H, T, D), beta (B, H, T)) of hidden states x (B, T, C) at attention layer ``layer``, in float32
+        (float64 for float64 x): H_t = I - beta_t w_t w_t^T per head."""
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        B, T, C = x.shape
+        x = x.to(dtype)
+        w = x @ self.w_down[layer].to(dtype).T @ self.w_up[layer].to(dtype).T  # (B, T, C)
+        # causal depthwise conv over the tokens: (B, T, C) -> (B, C, T), padded left, cut to the first T outputs
+        w = F.conv1d(w.transpose(1, 2), self.w_conv[layer].to(dtype)[:, None], padding=CONV_SIZE - 1, groups=C)
+        w = F.silu(w[..., :T]).transpose(1, 2).reshape(B, T, self.n_heads, self.head_dim)  # (B, T, H, D)
+        w = w * torch.rsqrt((w * w).sum(-1, keepdim=True) + L2_EPS)
+        beta = 2 * torch.sigmoid(x @ self.beta_weight[layer].to(dtype).T + self.beta_bias[layer].to(dtype))  # (B, T, H)
+        return w.transpose(1, 2), beta.transpose(1, 2)  # (B, H, T, D), (B, H, T)
+
+    def read(self, x: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.householder(x, layer)
+
+    def logits_of(self, state: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+                  q_pos: torch.Tensor, k_pos: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+        if q_pos.dim() != 1 or k_pos.dim() != 1:
+            raise ValueError(f"PaTH reads token indices: positions must be (q,) and (k,), got {tuple(q_pos.shape)} "
+                             f"and {tuple(k_pos.shape)} (per-sequence positions, e.g. +rand, cannot wrap it)")
+        w, beta = state
+        return householder_logits(q, k, w, beta, q_pos, k_pos, BLOCK).float() * scale + mask
+
+
+def _reflect(x: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, rows: Optional[torch.Tensor] = None
+             ) -> torch.Tensor:
+    """x - beta (x . w) w on the rows (..., L) where ``rows`` (L,) is True (every row: None), x elsewhere: H
+    applied to row vectors x (..., L, D) by w (..., D), beta (...,)."""
+    coef = (x @ w[..., None]).squeeze(-1) * beta[..., None]  # (..., L)
+    coef = coef if rows is None else coef * rows
+    return x - coef[..., None] * w[..., None, :]
+
+
+def householder_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,
+                       q_pos: torch.Tensor, k_pos: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
+    """Logits q_i^T H_i ... H_{j+1} k_j (B, H, q, k), unscaled, of one query chunk: q (B, H, q, D) at token
+    indices q_pos (q,) (consecutive), k (B, H, k, D) at token indices k_pos (k,) (ascending, below the chunk's
+    end), from w (B, H, T, D) and beta (B, H, T) of the whole window. Entries of keys after their query are
+    finite and meaningless (the mask hides them)."""
+    B, H, _, D = q.shape
+    L, T = block, w.shape[2]
+    first = int(k_pos.min()) // L * L  # the first token of the first key's block
+    qe = int(q_pos[-1]) + 1
+    nb = -(-(qe - first) // L)  # blocks in [first, first + nb L) (the last may run past qe)
+    bq0 = (int(q_pos[0]) - first) // L  # the chunk's first query block
+    nq = nb - bq0
+    span = nb * L
+    dtype = torch.promote_types(q.dtype, w.dtype)
+    # the range's w and beta, beta 0 (H = I) past the chunk's end: (B, H, nb, L, D), (B, H, nb, L)
+    w_r = F.pad(w[:, :, first:min(qe, T)].to(dtype), (0, 0, 0, span - (min(qe, T) - first)))
+    beta_r = F.pad(beta[:, :, first:min(qe, T)].to(dtype), (0, span - (min(qe, T) - first)))
+    w_r, beta_r = w_r.view(B, H, nb, L, D), beta_r.view(B, H, nb, L)
+    # keys and queries placed at their tokens in the range, zero elsewhere: (B, H, nb, L, D)
+    keys = q.new_zeros(B, H, span, D, dtype=dtype).index_copy(2, k_pos - first, k.to(dtype)).view(B, H, nb, L, D)
+    queries = q.new_zeros(B, H, span, D, dtype=dtype).index_copy(2, q_pos - first, q.to(dtype))
+    queries = queries.view(B, H, nb, L, D)[:, :, bq0:]  # (B, H, nq, L, D)
+    offset = torch.arange(L, device=q.device)
+    carried, product = keys, torch.eye(D, dtype=dtype, device=q.device).expand(B, H, nb, D, D)
+    for r in range(L):  # key j -> H_{end} ... H_{j+1} k_j; product -> H_a H_{a+1} ... H_{a+L-1} (row-wise: P H_r)
+        carried = _reflect(carried, w_r[:, :, :, r], beta_r[:, :, :, r], offset < r)
+        product = _reflect(product, w_r[:, :, :, r], beta_r[:, :, :, r])
+    # within each query block, keys in descending order: the query as key s sees it is H_{s+1} ... H_i q_i
+    u, wq, bq = queries, w_r[:, :, bq0:], beta_r[:, :, bq0:]
+    cols = []
+    for s in range(L - 1, -1, -1):
+        cols.append((u @ keys[:, :, bq0:, s, :, None]).squeeze(-1))  # (B, H, nq, L)
+        u = _reflect(u, wq[:, :, :, s], bq[:, :, :, s], offset >= s)
+    parts = [torch.stack(cols[::-1], dim=-1)]  # distance 0: (B, H, nq, L, L)
+    # across blocks: u is H_a ... H_i q_i at its block's start a; block d back: (u @ product^T) moves it there
+    blocks = torch.arange(nq, device=q.device) + bq0
+    for d in range(1, bq0 + nq):
+        kb = (blocks - d).clamp(min=0)  # the key block d before each query block (clamped: never gathered)
+        parts.append(u @ carried[:, :, kb].transpose(-1, -2))  # (B, H, nq, L, L)
+        u = u @ product[:, :, kb].transpose(-1, -2)
+    logits = torch.stack(parts, dim=-2).flatten(-2)  # (B, H, nq, L, nd * L): query block, row, distance, offset
+    # each key's column: distance = query block - key block, clamped to 0 for a later block (a hidden pair)
+    rel = k_pos - first  # (k,)
+    dist = (blocks[:, None] - torch.div(rel, L, rounding_mode="floor")[None, :]).clamp(min=0)  # (nq, k)
+    index = (dist * L + rel % L)[None, None, :, None, :].expand(B, H, nq, L, -1)  # (B, H, nq, L, k)
+    logits = logits.gather(-1, index).flatten(2, 3)  # (B, H, nq L, k)
+    rows = q_pos - first - bq0 * L
+    return logits[:, :, rows]
