@@ -15,7 +15,7 @@ def _softmax_of_the_logits(plan, c):
     return torch.softmax(logits.float(), dim=-1) @ c.v
 
 
-@pytest.mark.parametrize("name", ["rope-rerope", "rope-leaky", "rope-selfextend"])
+@pytest.mark.parametrize("name", ["rope-rerope", "rope-leaky", "rope-selfextend", "rope-string"])
 @pytest.mark.parametrize("max_bytes", [1 << 30, 4 * 64 * 8 * 5])  # one chunk; chunks of 5 queries
 @pytest.mark.parametrize("grad", [False, True])  # the CPU flash kernel; the explicit fallback
 def test_parts_equal_the_whole_logits(name, max_bytes, grad):

@@ -146,7 +146,7 @@ def test_own_checkpoint_on_the_valid_split_scores_other_text_under_its_own_key(t
     (["--model", "hf:x.gguf"], "no GGUF file"),
     (["--model", "hf:{llama}", "--rope-scaling", "yarn,sink4"], "--rope-scaling sink4: a Hugging Face model was trained without"),
     (["--model", "hf:{llama}", "--unit", "200"], "--unit 200: the resampling unit is 1 .. the longest eval length 128"),
-    (["--model", "hf:{llama}", "--rope-scaling", "bogus"], "valid: linear, dynamic, yarn, llama3, ntk, rerope, leaky, selfextend, sink<S>+sw<W>"),
+    (["--model", "hf:{llama}", "--rope-scaling", "bogus"], "valid: linear, dynamic, yarn, llama3, ntk, rerope, leaky, selfextend, string, sink<S>+sw<W>"),
     (["--model", "hf:{llama}", "--precision", "fp8"], "valid: fp32, bf16, fp16"),
     (["--model", "hf:{llama}", "--doc-sep", "<nope>"], "is not a token of this tokenizer"),
     (["--model", "hf:{llama}", "--doc-sep", "auto"], "give separator, eos, lm-eval, none, or a token such as"),
@@ -275,7 +275,8 @@ def test_rope_scaling_names_are_the_suffixes_of_the_rope_rows():
     from posenc_bench.bench.eval.pretrained import checkpoint_scalings, parse_scalings
     from posenc_bench.errors import ConfigError
 
-    assert checkpoint_scalings() == ["linear", "ntk", "dynamic", "yarn", "llama3", "rerope", "leaky", "selfextend"]
+    assert checkpoint_scalings() == ["linear", "ntk", "dynamic", "yarn", "llama3", "rerope", "leaky", "selfextend",
+                                     "string"]
     assert parse_scalings("yarn,sink4+sw60,sink4,none,yarn") == ["yarn", "sink4+sw60", "sink4"]
     assert parse_scalings("") == [] and parse_scalings("all") == list(hf_rope.SCALINGS)
     for bad in ("linear-ft", "rand", "sink4+sw0", "bca"):  # fine-tuned, trained, a bad sink window, xpos's fix
