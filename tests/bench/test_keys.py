@@ -23,13 +23,12 @@ def committed_results():
 # eval options entered the eval key, CoPE's and sinusoidal's resolved options the cell key, +rand's sampler):
 # those folders keep them as they were measured; every other record of theirs is checked.
 STALE = {
-    "results/full": {"sinusoidal", "cope", "sinusoidal+rand", "learned+rand", "rope+rand", "alibi+rand", "fire+rand",
-                     "rope-rerope", "rope-leaky", "rope-selfextend"},
     "results/sotu-512-full": {"cope", "sinusoidal+rand", "learned+rand", "rope+rand", "alibi+rand", "fire+rand",
                               "xpos+rand", "kerple-power+rand", "rope-rerope", "rope-leaky", "rope-selfextend"},
     # made under the per-sequence sampler, before the authors' sampler became +rand's default (and its key); and
     # rope-selfextend before its default (G, W) came from the LongLM README's inequalities (its eval options)
-    # (copy, needle, addition, reverse, addition-hints and copy-full were rerun since: every record of theirs is checked)
+    # (copy, needle, addition, reverse, addition-hints, copy-full and full were rerun since: every record of theirs is
+    # checked)
 }
 
 
