@@ -167,6 +167,9 @@ class Encoding(TuningHooks, PositionTraits, nn.Module):
     # True when positions enter through ``embed`` (added to the token embeddings): a key's position is then
     # part of its hidden state in every layer, so attention cannot re-index it (no attention-sink rows).
     positions_in_embedding: ClassVar[bool] = False
+    # Why this encoding cannot take attention sinks, in a clause ("" when it can): ``sinks.py`` refuses a sink row
+    # over it with this reason and leaves it out of the encodings it lists as taking them.
+    no_sinks: ClassVar[str] = ""
     # (S, W): the first S tokens are always visible beside a sliding window of the last W keys (W None: the
     # model's window), and a query past the first S + W tokens sees the sinks at the positions they have in
     # that cache (StreamingLLM; model/sinks.py applies it). None: no sinks.

@@ -65,7 +65,6 @@ from posenc_bench.encodings.alibi import ALiBi
 from posenc_bench.encodings.base import Encoding, LayerOf
 from posenc_bench.encodings.kerple import KerpleLog
 from posenc_bench.encodings.registry import register
-from posenc_bench.errors import ConfigError
 
 MLP_WIDTH = 32  # the authors' mlp_width (configs/125M/512/125M_kerple_c.yml, 125M_alibi_c.yml)
 NEGATIVE_SLOPE = 0.01  # nn.LeakyReLU()'s default, as the authors build it
@@ -134,15 +133,13 @@ class _DAPE(Encoding):
     newer = True
     paper = "Zheng et al., NeurIPS 2024 (arXiv:2405.14722)"
     has_attention_logits = True
+    no_sinks = ("on the explicit-logits path its base bias towards the sinks would be read at true positions, "
+                "not cache positions")
     base_class: ClassVar[type[Encoding]]
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int, mlp_width: int = MLP_WIDTH,
                  n_layers: int = 1) -> None:
         super().__init__(d_model=d_model, n_heads=n_heads, train_len=train_len)
-        if self.attention_sinks is not None:
-            raise ConfigError(f"{self.name}: DAPE takes no attention sinks (its base bias towards the sinks would "
-                              f"be read at true positions, not cache positions); evaluate it with a window "
-                              f"instead, e.g. {self.trained_as}+sw64")  # a sink row's trained_as: its base row
         if isinstance(mlp_width, bool) or not isinstance(mlp_width, int) or mlp_width < 1:
             raise ValueError(f"DAPE option mlp_width must be an integer >= 1 (the authors': {MLP_WIDTH}), "
                              f"got {mlp_width!r}")

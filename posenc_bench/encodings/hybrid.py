@@ -54,7 +54,11 @@ class RNoPESWA(Encoding):
         self.window = window or max(1, train_len // 2)
         self.attn_scale, self.floor_scale = attn_scale, floor_scale or train_len
         self.rope = RoPE(d_model=d_model, n_heads=n_heads, train_len=train_len)
-        self.own_window = self.window
+
+    @property
+    def own_window(self) -> int:  # type: ignore[override]
+        """The RoPE layers' sliding window (the NoPE layers' view says None: the model's own)."""
+        return self.window
 
     @staticmethod
     def nope_layers(n_layers: int, period: int) -> list[int]:

@@ -47,6 +47,15 @@ def parse(name: str) -> Optional[tuple[str, int, Optional[int]]]:
     return m["base"], int(m["sinks"]), None if m["window"] is None else int(m["window"])
 
 
+def _refused(base: type[Encoding]) -> str:
+    """Why ``base`` cannot take attention sinks ("" when it can)."""
+    if base.trained_as is not None:
+        return f"it evaluates the trained {base.trained_as!r} model"
+    if base.positions_in_embedding:
+        return "its positions are added to the token embeddings, which attention cannot re-index"
+    return base.no_sinks
+
+
 @register_pattern
 def sink_row(name: str) -> Optional[type[Encoding]]:
     parsed = parse(name)
@@ -54,11 +63,9 @@ def sink_row(name: str) -> Optional[type[Encoding]]:
         return None
     base_name, sinks, window = parsed
     base = get_class(base_name)  # an unknown base fails here, listing the valid names
-    if base.trained_as is not None or base.positions_in_embedding:
-        sinkable = [n for n in available()
-                    if get_class(n).trained_as is None and not get_class(n).positions_in_embedding]
-        why = (f"it evaluates the trained {base.trained_as!r} model" if base.trained_as is not None else
-               "its positions are added to the token embeddings, which attention cannot re-index")
+    why = _refused(base)
+    if why:
+        sinkable = [n for n in available() if not _refused(get_class(n))]
         raise ConfigError(f"attention sinks cannot wrap {base_name!r} ({why}); encodings that take them: "
                           f"{', '.join(sinkable)}")
     if window == 0:

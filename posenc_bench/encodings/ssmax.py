@@ -47,14 +47,13 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any, ClassVar, Optional
+from typing import ClassVar, Optional
 
 import torch
 from torch import nn
 
 from posenc_bench.encodings.base import Encoding, LayerOf
 from posenc_bench.encodings.registry import REGISTRY, load_modules, register
-from posenc_bench.errors import ConfigError
 
 S_INIT = 1.0  # TabICL's and OLMo-core's start for s (torch.ones)
 # The trained encodings that get a ``+ssmax`` row: every one with plain q . k logits that the paper's claim
@@ -86,6 +85,8 @@ class ScalableSoftmax(Encoding):
 
     base_cls: ClassVar[type[Encoding]]
     newer = True
+    no_sinks = ("SSMax scales a query by log n, n the keys it sees, and a sink row rotates it from two positions "
+                "(its cache position towards the sinks)")
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int, n_layers: int = 1, s_init: float = S_INIT,
                  scale_bias: bool = False, **options) -> None:
@@ -106,15 +107,6 @@ class ScalableSoftmax(Encoding):
         self.s = nn.Parameter(torch.full((n_layers * n_heads,), float(s_init)))
         self.b = nn.Parameter(torch.zeros(n_layers * n_heads)) if scale_bias else None
         self.window: Optional[int] = None
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Refuse a subclass with attention sinks (``sinks.py`` builds ``<row>+sink<S>`` as one)."""
-        super().__init_subclass__(**kwargs)
-        if cls.attention_sinks is not None:
-            raise ConfigError(f"attention sinks cannot wrap {cls.name!r}: SSMax scales a query by log n, n the keys "
-                              f"it sees, and a sink row rotates it from two positions (its cache position towards "
-                              f"the sinks); evaluate {cls.name} with a window (+sw<W>), or sinks on "
-                              f"{cls.base_cls.name}")
 
     @classmethod
     def key_options(cls, train_len: int, options: dict) -> dict:

@@ -249,5 +249,7 @@ def test_rows_are_the_plain_q_dot_k_encodings_and_the_rest_are_refused():
 
 @pytest.mark.parametrize("spec", ["rope+ssmax+sink4+sw64", "nope+ssmax+sw64+sink4"])
 def test_attention_sinks_over_ssmax_are_refused_with_the_reason(spec):
-    with pytest.raises(ConfigError, match="attention sinks cannot wrap '(rope|nope)\\+ssmax': SSMax scales a query"):
+    with pytest.raises(ConfigError, match="attention sinks cannot wrap '(rope|nope)\\+ssmax' \\(SSMax scales a query") as e:
         Row.parse(spec)
+    takers = str(e.value).split("take them: ")[1].split(", ")
+    assert "rope" in takers and "nope" in takers and not any(t.endswith("+ssmax") for t in takers)
