@@ -152,8 +152,7 @@ class Encoding(TuningHooks, PositionTraits, nn.Module):
     # True when distance_bias(T) returns r (H, W + 1) with bias(i, j) = r[h, min(i - j, W)] for windows of T
     # tokens: training then keeps SDPA's flash kernel and sums r's gradient over diagonals (model/distance_bias.py).
     has_distance_bias: ClassVar[bool] = False
-    # False sends a learned bias in training through SDPA's (math) mask path even where the device has the bias
-    # kernel (model/distance_bias.py): the reference ``posenc-bench time`` measures the kernel against.
+    # False: a learned bias trains on SDPA's mask path, not the bias kernel (model/distance_bias.py): time's reference
     bias_kernel: ClassVar[bool] = True
     # True when attention_logits() computes a chunk's whole pre-softmax logits (the model then runs attention
     # explicitly, chunk by chunk, instead of through SDPA).
@@ -164,12 +163,10 @@ class Encoding(TuningHooks, PositionTraits, nn.Module):
     # True when attention_output() computes a chunk's softmax(attention_logits) @ v itself (with
     # ``has_attention_logits``), e.g. with a backward that recomputes the logits instead of saving them (CoPE).
     has_attention_output: ClassVar[bool] = False
-    # True when positions enter through ``embed`` (added to the token embeddings): a key's position is then
-    # part of its hidden state in every layer, so attention cannot re-index it (no attention-sink rows).
+    # True when positions enter through ``embed`` (added to the token embeddings): a key's position is then part of
+    # its hidden state in every layer, so attention cannot re-index it (no attention-sink rows).
     positions_in_embedding: ClassVar[bool] = False
-    # Why this encoding cannot take attention sinks, in a clause ("" when it can): ``sinks.py`` refuses a sink row
-    # over it with this reason and leaves it out of the encodings it lists as taking them.
-    no_sinks: ClassVar[str] = ""
+    no_sinks: ClassVar[str] = ""  # why it takes no attention sinks, a clause sinks.py prints ("": it takes them)
     # (S, W): the first S tokens are always visible beside a sliding window of the last W keys (W None: the
     # model's window), and a query past the first S + W tokens sees the sinks at the positions they have in
     # that cache (StreamingLLM; model/sinks.py applies it). None: no sinks.
