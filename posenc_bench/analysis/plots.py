@@ -23,6 +23,7 @@ import torch  # noqa: E402
 from posenc_bench import encodings, metrics  # noqa: E402
 from posenc_bench.bench.rows import Row, select_rows  # noqa: E402
 from posenc_bench.errors import PosencError  # noqa: E402
+from posenc_bench.files import atomic_write  # noqa: E402
 from posenc_bench.analysis.stats.intervals import Intervals  # noqa: E402
 from posenc_bench.analysis.captions import short_caption  # noqa: E402
 from posenc_bench.analysis.stats.seeds import mean_std, over_seeds, with_value  # noqa: E402
@@ -37,14 +38,15 @@ class PlotError(PosencError):
 
 
 def save(fig, out: Path, stem: str, formats: Sequence[str]) -> list[Path]:
-    """Writes ``fig`` as ``out/stem.<format>`` for each format, reproducibly, and closes it."""
+    """Writes ``fig`` as ``out/stem.<format>`` for each format, reproducibly and atomically, and closes it."""
     paths = []
     for fmt in formats:
         path = out / f"{stem}.{fmt}"
         # no timestamps or random ids in the files, so regenerated figures only differ when the data does
         metadata = {"Date": None} if fmt == "svg" else {"Software": None}
         with matplotlib.rc_context({"svg.hashsalt": "posenc-bench"}):
-            fig.savefig(path, dpi=DPI, metadata=metadata, bbox_inches="tight")
+            atomic_write(path, lambda tmp: fig.savefig(tmp, format=fmt, dpi=DPI, metadata=metadata,
+                                                       bbox_inches="tight"))
         paths.append(path)
     plt.close(fig)
     return paths
@@ -371,6 +373,46 @@ def plot_bias(run: Run, name: str, out: Path, formats: Sequence[str] = FORMATS, 
     b.legend(fontsize=7, ncol=2)
     add_caption(fig, [run])
     return save(fig, out, stem or f"bias-{name}", formats)
+
+
+def plot_needle_heatmaps(result: dict, out: Path | str, formats: Sequence[str] = ("png",)) -> list[Path]:
+    """Multi-needle retrieval (``bench/eval/needles.py``'s result, needles.json): per row one figure,
+    ``needles-<row>``, with a depth x length heat map of the share of needles retrieved for each variant (RULER's
+    niah variants), n/a in grey, the counts written in each cell and the effective length in the title."""
+    import re
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    T, variants, depths = result["train_len"], result["variants"], result["depths"]
+    cmap = matplotlib.colormaps["RdYlGn"].with_extremes(bad="0.85")
+    paths = []
+    for row in result["rows"]:
+        lengths = sorted({r["length"] for r in row["records"]})
+        size = (1.2 + 0.9 * len(lengths) * len(variants), 1.2 + 0.45 * len(depths))
+        fig, axes = plt.subplots(1, len(variants), figsize=size, layout="constrained", squeeze=False)
+        for a, v in zip(axes[0], variants):
+            grid = torch.full((len(depths), len(lengths)), float("nan"))
+            for r in row["records"]:
+                if r["variant"] == v and r["status"] == "ok":
+                    i, j = depths.index(r["depth"]), lengths.index(r["length"])
+                    grid[i, j] = r["accuracy"]
+                    a.text(j, i, f"{r['correct']}/{r['needles']}", ha="center", va="center", fontsize=7)
+            im = a.imshow(grid.numpy(), cmap=cmap, vmin=0, vmax=1, aspect="auto", interpolation="nearest")
+            a.set_xticks(range(len(lengths)), [f"{L / T:g}x\n{L}" for L in lengths], fontsize=7)
+            a.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
+            a.set_xlabel("prompt length")
+            eff = row["effective_by_variant"].get(v)
+            a.set_title(f"{v}: effective {'none' if eff is None else f'{eff / T:g}x'}", fontsize=9)
+        axes[0][0].set_ylabel("needle depth")
+        fig.colorbar(im, ax=axes[0].tolist(), label="needles retrieved", shrink=0.9)
+        eff = row["effective_length"]
+        said = "none" if eff is None else f"{eff} tokens, {eff / T:g}x"
+        fig.suptitle(f"{row['row']}: multi-needle retrieval by depth and length (effective length {said} at >= "
+                     f"{100 * result['threshold']:g}%)", fontsize=9)
+        name = row["row"].split(" (")[0].split("/")[-1]  # hf:org/model+yarn -> model+yarn; ours: rope-yarn (path)
+        stem = "needles-" + (re.sub(r"[^\w.+-]+", "-", name).strip("-") or "model")
+        paths += save(fig, out, stem, formats)
+    return paths
 
 
 def plot_all(runs: Sequence[Run], out: Path | str, formats: Sequence[str] = FORMATS,

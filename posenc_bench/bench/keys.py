@@ -121,7 +121,8 @@ def model_key(cfg: RunConfig, row: Row, seed: int, corpus_fingerprint: str) -> s
 def eval_key(cfg: RunConfig, row: Optional[Row] = None) -> str:
     """Hash of the evaluation settings that change a number (not the batch size); with ``row``, an eval-only
     row's own options (e.g. a fixed RoPE scaling factor) too."""
-    ident = {k: v for k, v in asdict(cfg.eval).items() if k not in ("batch_tokens", "tune")}  # tune: per row, below
+    # tune: per row, below; key_tokens: by Keys.eval, with the evaluator's model key, and only when on
+    ident = {k: v for k, v in asdict(cfg.eval).items() if k not in ("batch_tokens", "tune", "key_tokens")}
     if ident["protocol"] == "nonoverlapping":  # the default protocol keeps the keys results were made with
         del ident["protocol"], ident["stride"]
     if ident.get("windows") == "stream":  # the default windows, too (documents: within single documents)
@@ -160,6 +161,13 @@ def hf_eval_key(model: dict, *, train_len: int, lengths: list[int], corpus: str,
     return _hash(ident)
 
 
+def with_key_tokens(key: str, key_tokens: Optional[dict]) -> str:
+    """An eval key extended by the key-token rule (``bench/eval/key_tokens.KeyTokenRule.describe``: the evaluator,
+    alpha, beta, the short pass), so records whose LongPPL rests on another evaluator or rule never match; without
+    key tokens (None) the key is unchanged, so every existing record stays reusable."""
+    return key if key_tokens is None else _hash({"eval_key": key, "key_tokens": key_tokens})
+
+
 class Keys:
     """The keys of one run's cells, each computed once: a sweep asks for them to resume, to estimate, to
     train and to write records."""
@@ -176,9 +184,19 @@ class Keys:
         return self._models[row, seed]
 
     def eval(self, row: Row) -> str:
+        """``eval_key`` of ``row``, with the key-token rule and its evaluator's model where eval.key_tokens is on."""
         if row not in self._evals:
-            self._evals[row] = eval_key(self.cfg, row)
+            self._evals[row] = with_key_tokens(eval_key(self.cfg, row), self.key_tokens())
         return self._evals[row]
+
+    def key_tokens(self) -> Optional[dict]:
+        """What the key tokens of this run depend on (None when off): the rule, and the evaluator's model key."""
+        kt = self.cfg.eval.key_tokens
+        if not kt.evaluator:
+            return None
+        row, seed = self.cfg.row(kt.evaluator), self.cfg.seeds[0] if kt.seed is None else kt.seed
+        return {**kt.rule().describe(self.cfg.train.train_len), "evaluator": row.name, "seed": seed,
+                "evaluator_model": self.model(row, seed)}
 
     def cell(self, row: Row, seed: int) -> dict:
         """The keys a cell's records carry: ``cell_key`` (its model) and ``eval_key``."""

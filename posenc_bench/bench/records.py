@@ -13,8 +13,9 @@ perplexity protocol of ``bench/eval/evaluate.py``; records written before the fi
 This module is the one home of:
 
 - the record: ``new_record`` (any model), ``model_record`` (one of our trained models: its keys and training
-  figures), ``score`` (its numbers, or n/a where the encoding cannot run), ``finished`` (whether a cell's
-  records are whole), and the run metadata (``run_meta``) that ``run``, ``eval`` and ``merge`` write;
+  figures), ``passkey_record`` and ``needle_record`` (the retrieval tests' own records, not in results.json),
+  ``score`` (its numbers, or n/a where the encoding cannot run), ``finished`` (whether a cell's records are
+  whole), and the run metadata (``run_meta``) that ``run``, ``eval`` and ``merge`` write;
 - THE identity rule (``differences``): which results were measured the same way and so may share a results
   folder (resume, ``eval``), a merge, or a gate comparison. Results that were not measured on the same text,
   with the same model, training, evaluation and precision differ in a named field;
@@ -149,6 +150,22 @@ def measured_passkey(rec: dict, keys: list[str], correct: int) -> dict:
     return rec
 
 
+def needle_record(variant: str, length: int, train_len: int, depth: float) -> dict:
+    """The record of one multi-needle (variant, length, depth) of ``bench/eval/needles.py``, not yet measured
+    (its needles.json fields, in their order): ``measured_needles`` fills in the needles, ``not_measured``
+    marks it n/a."""
+    return {"variant": variant, "length": length, "ratio": length / train_len, "depth": depth, "status": "ok",
+            "reason": "", "needles": 0, "correct": 0, "accuracy": None}
+
+
+def measured_needles(rec: dict, tried: list[dict]) -> dict:
+    """``rec`` with the needles asked at its (variant, length, depth), one per haystack (trial, key, value, the
+    index of its first token, whether it was retrieved), and the share retrieved."""
+    correct = sum(t["right"] for t in tried)
+    rec.update(needles=len(tried), correct=correct, accuracy=correct / len(tried) if tried else None, tried=tried)
+    return rec
+
+
 def _rounded(x: Optional[float], digits: int) -> Optional[float]:
     return None if x is None else round(x, digits)
 
@@ -226,6 +243,9 @@ NOT_IDENTITY = (
     # per row (``row_settings``): a cell's own encoding options, the fine-tuning of the -ft rows, and whether
     # eval.tune chose a zero-shot row's options (a record's ``tuning``; rows without a grid are untouched by it)
     "config.model.encoding_options", "config.finetune", "config.eval.tune",
+    # key tokens (LongPPL): in every record's eval key while on, so a run that turns them on re-evaluates the
+    # rows it runs on the models the folder holds, and rows it does not run keep their records (no LongPPL)
+    "config.eval.key_tokens",
 )
 _EVALUATED_MODEL = ("kind", "ref", "gguf_file", "dtype", "file_sha256", "files_sha256", "hub_commit",
                     "encoding", "window", "seed", "cell_key", "weights_sha256")

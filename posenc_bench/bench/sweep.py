@@ -5,7 +5,9 @@ write the cell's records. Only the loop over cells lives here:
   (``bench.checkpoint``), else trained (``bench.train``); a ``-ft`` row's model is its trained model
   continued at the fine-tune length (the same training loop with a fine-tuning plan);
 - its numbers come from ``bench.evaluate`` (through ``bench/eval/tune.py``, which with ``eval.tune`` first chooses
-  a zero-shot row's options on the valid split); its records and the folder's identity from ``bench.records``.
+  a zero-shot row's options on the valid split); its records and the folder's identity from ``bench.records``;
+- with ``eval.key_tokens``, the evaluator's key tokens (``bench/eval/key_tokens.py``) come first, before any
+  row is scored: its model is got like a cell's, and the key tokens are kept in the folder (``KEY_TOKENS_FILE``).
 
 Finished cells are skipped on a rerun; the results file is rewritten atomically after each cell, under the
 folder's lock.
@@ -25,6 +27,7 @@ import yaml
 from posenc_bench.bench import checkpoint, work
 from posenc_bench.bench.train import eta, plans, probe
 from posenc_bench.bench.config import RunConfig, TrainConfig
+from posenc_bench.bench.eval import key_tokens
 from posenc_bench.bench.eval.tune import Tuner
 from posenc_bench.bench.run.dist import Dist
 from posenc_bench.bench.keys import Keys, model_key
@@ -36,6 +39,7 @@ from posenc_bench.bench.run.shard import shard_cells, shard_file, shard_meta, tr
 from posenc_bench.bench.train.loop import Resume, TrainOutcome, train
 from posenc_bench.data import TrainBatches
 from posenc_bench.env import device_description, in_words
+from posenc_bench.errors import ConfigError
 from posenc_bench.files import atomic_write_text
 from posenc_bench.model.transformer import DecoderLM
 
@@ -276,8 +280,9 @@ class Sweep:
             return done
         model, meta = self.models.get(row, seed)
         keys, config = self.keys.cell(row, seed), self.cfg.to_dict()
+        evaluator = {"key_evaluator": self.cfg.eval.key_tokens.evaluator} if self.cfg.eval.key_tokens.evaluator else {}
         records = [score(model_record(self.run_meta, row, seed, L, keys=keys, meta=meta, config=config,
-                                      metric=self.work.metric),
+                                      metric=self.work.metric, **evaluator),
                          lambda L=L: self.tuner.evaluate(model, row, seed, L)) for L in self.work.lengths]
         self.store.put_cell(row.name, seed, records)  # saved before it is reported: a row that was logged is on disk
         self.rt.log(summary_line(f"{row} seed {seed}", records))
@@ -300,6 +305,8 @@ class Sweep:
             for line in lines:
                 self.rt.log(line)
             clock.noted = bool(lines)  # the measured estimate then gives its time, not the note again
+        if todo:
+            self.key_tokens()
         for row, seed in cells:
             self.run_cell(row, seed)
             if (row, seed) in todo:
@@ -307,6 +314,26 @@ class Sweep:
         if self.rt.dist is not None:
             self.rt.dist.broadcast(("stop",))
         return self.store.as_dict()
+
+
+    def key_tokens(self) -> None:
+        """With ``eval.key_tokens``: the evaluator's key tokens on the eval set every row is then scored on (the
+        folder's file, made for the same rule, evaluator model and text; else its model, got as its cell's)."""
+        ident = self.keys.key_tokens()
+        if ident is None or self.work.evalset.key_tokens:
+            return
+        ident["eval_fingerprint"] = self.run_meta["eval_fingerprint"]
+
+        def compute() -> dict:
+            row, seed = self.cfg.row(ident["evaluator"]), ident["seed"]
+            model, _ = self.models.get(row, seed)
+            if model is None:
+                raise ConfigError(f"eval.key_tokens.evaluator {row} (seed {seed}) diverged: name another row")
+            self.rt.log(f"  key tokens: the evaluator {row} seed {seed} scores the eval text")
+            return key_tokens.of_model(self.cfg.eval.key_tokens.rule(), model, self.work.evalset, self.rt,
+                                       self.work.train_len)
+
+        self.work.evalset.key_tokens = key_tokens.cached(self.out / key_tokens.KEY_TOKENS_FILE, ident, compute)
 
 
 def train_worker(cfg: RunConfig, dist: Dist) -> None:
@@ -336,7 +363,8 @@ def train_worker(cfg: RunConfig, dist: Dist) -> None:
               resume=Resume(None, cfg.save_every, key), grad_accum=cfg.grad_accum)
 
 
-RUN_OUTPUTS = ("results.json", "results.csv", "table.md", "config.yaml", "checkpoints")  # what a run writes
+RUN_OUTPUTS = ("results.json", "results.csv", "table.md", "config.yaml", "checkpoints",  # what a run writes
+               key_tokens.KEY_TOKENS_FILE)
 
 
 def remove_outputs(out: Path, cfg: Optional[RunConfig] = None, shard: Optional[tuple[int, int]] = None) -> None:

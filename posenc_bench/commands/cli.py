@@ -22,7 +22,7 @@ INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 TERMINATED = 143  # 128 + SIGTERM
 
 # In the order `posenc-bench --help` lists them.
-COMMANDS = ("run", "report", "plot", "gate", "passkey", "merge", "documents", "eval", "time", "list", "configs")
+COMMANDS = ("run", "report", "plot", "gate", "passkey", "needles", "merge", "documents", "eval", "time", "list", "configs")
 
 DEVICES_HELP = "auto (default: cuda if available, else cpu) | cpu | cuda | cuda:N"
 

@@ -37,6 +37,17 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "(the model's pretraining document separator: BOS if the tokenizer adds it, else "
                         "<|endoftext|> or <|end_of_text|>, else EOS; default) | eos | lm-eval (lm-evaluation-harness's "
                         "prefix: BOS, else EOS) | none | a token")
+    k = e.add_argument_group("key tokens (LongPPL, docs/longppl.md; Hugging Face models)")
+    k.add_argument("--key-tokens", nargs="?", const="model", metavar="EVALUATOR",
+                   help="also score each row on the key tokens (targets the evaluator needs the long context for): "
+                        "the evaluator is model (the loaded model unscaled; the default of a bare --key-tokens) or "
+                        "one of --rope-scaling's rows (yarn), the same for every row")
+    k.add_argument("--key-alpha", type=float, default=2.0, help="least NLL drop with the long context, nats (2)")
+    k.add_argument("--key-beta", type=float, default=-2.0, help="least long-context log-probability (-2)")
+    k.add_argument("--key-short-context", choices=["train", "longppl"], default="train",
+                   help="the short context: train (between L_train - stride + 1 and L_train tokens; default) or "
+                        "longppl (the package's: L_train to L_train + stride - 1)")
+    k.add_argument("--key-stride", type=int, help="targets sharing one short context (default: L_train / 4)")
     e.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code from its repository")
     e.add_argument("--fresh", action="store_true", help="delete the output folder's results first (a committed "
                    "results folder, one git tracks, also needs --delete-committed)")
@@ -57,7 +68,7 @@ def cmd(args: argparse.Namespace) -> int:
         precision=check_precision(args.precision, PRECISIONS),
         trust_remote_code=args.trust_remote_code, doc_sep=args.doc_sep, split=args.split, long_docs=args.long_docs,
         unit=args.unit, segment_len=args.segment_len, fresh=args.fresh, delete_committed=args.delete_committed,
-        show_progress=progress_choice(args),
+        show_progress=progress_choice(args), key_tokens=_key_tokens(args),
     )
     out, data = run_eval(opts)  # results.json
     table = write_tables(out, data)
@@ -65,3 +76,12 @@ def cmd(args: argparse.Namespace) -> int:
     print()
     print(table.rstrip())
     return 0
+
+
+def _key_tokens(args: argparse.Namespace):
+    """The key-token rule the flags ask for; None without --key-tokens."""
+    from posenc_bench.bench.eval.key_tokens import KeyTokenRule
+
+    if args.key_tokens is None:
+        return None
+    return KeyTokenRule(args.key_tokens, args.key_alpha, args.key_beta, args.key_short_context, args.key_stride)

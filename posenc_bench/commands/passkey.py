@@ -41,6 +41,14 @@ def prompt_lengths(value: str, train_len: int) -> list[int]:
     return sorted(lengths)
 
 
+def parse_depths(value: str) -> list[float]:
+    """--depths: fractions of the filler (or haystack) before the needle, '0,0.25,0.5,0.75,1'."""
+    try:
+        return [float(d) for d in split_commas(value)]
+    except ValueError:
+        raise PosencError(f"--depths {value!r}: give fractions, e.g. 0,0.25,0.5,0.75,1") from None
+
+
 def cmd(args: argparse.Namespace) -> int:
     from posenc_bench.bench.eval import passkey
     from posenc_bench.env import git_commit, versions
@@ -48,10 +56,7 @@ def cmd(args: argparse.Namespace) -> int:
     lm = passkey.load_lm(args.model, encoding=args.encoding, rope_scaling=args.rope_scaling, device=args.device,
                          trust_remote_code=args.trust_remote_code, train_len=args.train_len)
     lengths = prompt_lengths(args.lengths, lm.train_len)
-    try:
-        depths = [float(d) for d in args.depths.split(",") if d.strip()]
-    except ValueError:
-        raise PosencError(f"--depths {args.depths!r}: give fractions, e.g. 0,0.25,0.5,0.75,1") from None
+    depths = parse_depths(args.depths)
     result = passkey.passkey_sweep(lm, lengths, depths, trials=args.trials, seed=args.seed, threshold=args.threshold)
     text = passkey.markdown(result)
     print(text, end="")

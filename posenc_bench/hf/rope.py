@@ -20,7 +20,7 @@ from posenc_bench.errors import ConfigError
 
 _HF_SCALINGS: dict[str, Scaling] = {s.name: s for s in SCALING_TABLE if s.hf_rope_type}
 SCALINGS = tuple(_HF_SCALINGS)  # linear, dynamic, yarn, llama3: the --rope-scaling names
-__all__ = ["LLAMA3_FREQ_FACTORS", "SCALINGS", "scaled_max_positions", "scaling_parameters"]
+__all__ = ["LLAMA3_FREQ_FACTORS", "SCALINGS", "length_dependent", "scaled_max_positions", "scaling_parameters"]
 
 
 def _scaling(name: str) -> Scaling:
@@ -47,3 +47,9 @@ def scaled_max_positions(scaling: str, factor: float, train_len: int) -> int:
     for the others (and an unscaled model, scaling "") it is the extended context, train length x factor."""
     entry = _HF_SCALINGS.get(scaling)
     return train_len if entry is not None and entry.length_dependent else int(round(train_len * factor))
+
+
+def length_dependent(scaling: str) -> bool:
+    """Whether transformers recomputes this scaling's frequencies from each forward's longest position (dynamic
+    NTK): then a continuation over a KV cache is not the same computation as one forward over the whole."""
+    return _scaling(scaling).length_dependent

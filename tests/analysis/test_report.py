@@ -108,7 +108,7 @@ def test_report_cli_prints_writes_and_updates(tmp_path, capsys, monkeypatch):
 
 @pytest.mark.parametrize("args, message", [
     (["report", "nowhere"], "no results file at 'nowhere'"),
-    (["report", "results/r1", "--value", "ppl,speed"], "unknown table value 'speed'; valid: ppl, bpb, ratio, accuracy, token_accuracy, training"),
+    (["report", "results/r1", "--value", "ppl,speed"], "unknown table value 'speed'; valid: ppl, bpb, ratio, accuracy, token_accuracy, longppl, key_share, training"),
     (["report", "results/r1", "--out", "t.xlsx"], "cannot tell the format of 't.xlsx'"),
     (["report", "results/r1", "--format", "csv", "--update", "README.md"], "--update writes Markdown; drop --format csv"),
     (["report", "results/r1", "--update", "README.md"], "no block marked <!-- posenc-bench table: results/r1 -->"),

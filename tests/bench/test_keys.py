@@ -226,3 +226,23 @@ def test_eval_tune_keys_only_the_rows_it_tunes_with_their_grids():
     held = load_config(overrides={**base, "eval.tune": True, "model.encoding_options": {"rope-rerope": {"window": 8}}})
     assert eval_key(held, Row("rope-rerope")) == eval_key(  # its one option held: nothing left to tune
         load_config(overrides={**base, "model.encoding_options": {"rope-rerope": {"window": 8}}}), Row("rope-rerope"))
+
+
+def test_key_tokens_key_every_rows_eval_with_the_rule_and_the_evaluators_model_and_only_when_on():
+    from posenc_bench.bench.config import RunConfig
+
+    off = RunConfig()
+    assert Keys(off, "fp").eval(Row("alibi")) == eval_key(off, Row("alibi"))  # off: the keys results were made with
+    on = RunConfig()
+    on.eval.key_tokens.evaluator = "rope"
+    keys = Keys(on, "fp")
+    ident = keys.key_tokens()
+    assert (ident["evaluator"], ident["seed"], ident["alpha"], ident["evaluator_model"]) == (
+        "rope", on.seeds[0], 2.0, keys.model(Row("rope"), on.seeds[0]))
+    assert keys.eval(Row("alibi")) != eval_key(on, Row("alibi")) == eval_key(off, Row("alibi"))
+    other = RunConfig()
+    other.eval.key_tokens.evaluator, other.eval.key_tokens.beta = "rope", -3.0
+    assert Keys(other, "fp").eval(Row("alibi")) != keys.eval(Row("alibi"))
+    trained_longer = RunConfig()
+    trained_longer.eval.key_tokens.evaluator, trained_longer.train.steps = "rope", on.train.steps + 1
+    assert Keys(trained_longer, "fp").key_tokens()["evaluator_model"] != ident["evaluator_model"]

@@ -203,3 +203,48 @@ def test_the_records_count_a_padded_models_real_parameters_only():
     plain = row_params(cfg, ["rope", "learned"])
     cfg.model.vocab_multiple = 64
     assert row_params(cfg, ["rope", "learned"]) == plain
+
+
+def test_key_tokens_are_the_evaluators_for_every_row_and_kept_in_the_folder(tmp_path, capsys):
+    """eval.key_tokens.evaluator=rope: the rope model's key tokens, found before any row is scored, give every row
+    the same key tokens per unit past 1x (none at 1x), in key_tokens.pt; turning them on in a folder made without
+    re-evaluates its rows on their checkpoints; a rerun adding a row reuses the key tokens (the keys:
+    tests/bench/test_keys.py; the file's hash: tests/bench/eval/test_key_tokens.py)."""
+    from posenc_bench.bench.eval.key_tokens import KEY_TOKENS_FILE
+
+    out = tmp_path / "keys"
+    assert run(out, "--encodings", "nope", "--eval-lens", "1,2x") == 0  # a folder made without key tokens
+    plain = json.loads((out / "results.json").read_text())["records"]
+    keys = ["--set", "eval.key_tokens.evaluator=rope", "--set", "eval.key_tokens.alpha=0",  # an 8-step model's NLL
+            "--set", "eval.key_tokens.beta=-8"]  # moves little with context, and stays above 2 nats
+    capsys.readouterr()
+    assert run(out, "--encodings", "nope,rope", "--eval-lens", "1,2x", *keys) == 0  # the same folder: accepted
+    log = capsys.readouterr().out
+    assert "key tokens: the evaluator rope seed 0 scores the eval text" in log
+    assert "nope seed 0: reusing checkpoint" in log  # re-evaluated under its new eval key, not retrained
+    data = json.loads((out / "results.json").read_text())
+    at = {(r["encoding"], r["eval_len"]): r for r in data["records"]}
+    assert (at["nope", 64]["ppl"], at["nope", 64]["cell_key"]) == (plain[1]["ppl"], plain[1]["cell_key"])
+    assert at["nope", 64]["eval_key"] != plain[1]["eval_key"] and "key_nll" not in plain[1]["units"]
+    assert all(r["key_evaluator"] == "rope" for r in data["records"])
+    assert "key_tokens" not in at["nope", 32]["units"] and "key_tokens" not in at["rope", 32]["units"]
+    counts = at["rope", 64]["units"]["key_tokens"]
+    assert counts == at["nope", 64]["units"]["key_tokens"] and sum(counts) > 0
+    assert at["rope", 64]["units"]["key_nll"] != at["nope", 64]["units"]["key_nll"]  # each row's own NLL
+    assert (out / KEY_TOKENS_FILE).exists()
+
+    assert run(out, "--encodings", "nope,rope,alibi", "--eval-lens", "1,2x", *keys) == 0
+    assert "key tokens: the evaluator" not in capsys.readouterr().out  # the folder's key tokens, reused
+    again = {(r["encoding"], r["eval_len"]): r for r in json.loads((out / "results.json").read_text())["records"]}
+    assert again["alibi", 64]["units"]["key_tokens"] == counts
+
+
+
+def test_key_tokens_refuse_a_bad_evaluator_or_seed(tmp_path, capsys):
+    assert run(tmp_path / "a", "--set", "eval.key_tokens.evaluator=ropee") == 2
+    assert "ropee" in capsys.readouterr().err
+    assert run(tmp_path / "b", "--set", "eval.key_tokens.evaluator=rope", "--set", "eval.key_tokens.seed=5") == 2
+    assert "eval.key_tokens.seed 5 is not a seed of this run; valid: 0" in capsys.readouterr().err
+    assert run(tmp_path / "c", "--set", "eval.key_tokens.evaluator=rope",
+               "--set", "eval.key_tokens.short_context=short") == 2
+    assert "valid: train, longppl" in capsys.readouterr().err

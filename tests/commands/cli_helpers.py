@@ -5,9 +5,9 @@ from posenc_bench.commands.cli import main
 MICRO = ["--config", "configs/ci.yaml", "--seeds", "1", "--train-len", "32", "--steps", "8", "--eval-tokens", "1024",
          "--progress", "off"]
 
-COMMANDS = ("run", "report", "plot", "gate", "passkey", "merge", "documents", "eval", "time", "list", "configs")
+COMMANDS = ("run", "report", "plot", "gate", "passkey", "needles", "merge", "documents", "eval", "time", "list", "configs")
 MINIMAL = {  # the fewest arguments each command's parser accepts
-    "run": [], "report": ["r"], "plot": ["r"], "gate": ["--baseline", "b.json"], "passkey": ["--model", "m"],
+    "run": [], "report": ["r"], "plot": ["r"], "gate": ["--baseline", "b.json"], "passkey": ["--model", "m"], "needles": ["--model", "m"],
     "merge": ["a", "--out", "o"], "documents": ["r"], "eval": ["--model", "m"], "time": [], "list": [], "configs": [],
 }
 

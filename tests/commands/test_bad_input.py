@@ -31,6 +31,12 @@ BAD = [
     # names: each error lists the valid ones
     (["run", "--config", "nosuch"], "config 'nosuch' is neither a file nor a built-in config; built-in configs: ci, default"),
     (["run", "--encodings", "nosuch", "--out", "{tmp}/o"], "unknown encoding 'nosuch'; valid encodings: sinusoidal, learned"),
+    (["needles", "--model", "m", "--variants", "multikeys"],
+     "needles: error: --variants multikeys: not a needle variant; valid: multikey, multivalue, multiquery"),
+    (["needles", "--model", "m", "--rope-scaling", "bogus"], "needles: error: --rope-scaling 'bogus' is not a scaling; valid: linear, "),
+    (["needles", "--model", "m", "--depths", "0,2"], "needles: error: needle depth 2.0 is outside [0, 1]"),
+    (["needles", "--model", "m", "--threshold", "85.6"], "needles: error: --threshold 85.6: a share of needles in (0, 1]"),
+    (["needles", "--model", "m", "--threshold", "high"], "needles: error: --threshold 'high': a share (e.g. 0.856) or 1x"),
     # inputs that are not there
     (["report", "nowhere"], "report: error: no results file at 'nowhere'"),
     (["plot", "nowhere"], "plot: error: no results file at 'nowhere'"),

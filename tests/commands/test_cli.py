@@ -49,10 +49,10 @@ def test_precision_is_one_flag_with_the_env_vocabulary():
 def test_device_default_is_auto_in_every_command_with_a_device():
     from posenc_bench.commands.run import overrides
 
-    for command in ("passkey", "time", "eval", "run"):
+    for command in ("passkey", "needles", "time", "eval", "run"):
         assert parsed(command).device == "auto", command
         assert "auto" in next(a for a in subparser(command)._actions if a.dest == "device").help
-    for command in set(COMMANDS) - {"passkey", "time", "eval", "run"}:
+    for command in set(COMMANDS) - {"passkey", "needles", "time", "eval", "run"}:
         assert not hasattr(parsed(command), "device"), command
     # run's auto leaves a config file's device (configs/long-2048.yaml: cuda) alone; a typed --device wins
     assert "device" not in overrides(parsed("run"), [])

@@ -102,7 +102,7 @@ def test_a_fresh_process_finds_every_kind_before_anything_asks_for_a_metric():
 
     code = ("from posenc_bench import metrics\n"
             "assert metrics.kinds(in_results=True) == ['ppl', 'accuracy'], metrics.kinds()\n"
-            "assert metrics.kinds() == ['ppl', 'accuracy', 'passkey']\n")
+            "assert metrics.kinds() == ['ppl', 'accuracy', 'passkey', 'needles']\n")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).returncode == 0
 
 

@@ -69,14 +69,17 @@ def draws_of(records: list[dict], kind: metrics.Kind, grid: tuple[list, list, li
     if problem:
         return Draws(problem, measured=np.zeros((len(rows), len(seeds), len(lengths)), dtype=bool))
     units = next(r["units"] for r in records if r.get("units"))
-    own = [k for k in units if k not in ("size", "doc") and k not in kind.shared_units]  # fields of each record
+    # fields of each record, of any record (key-token fields only where key tokens were identified: NaN elsewhere)
+    own = [k for k in dict.fromkeys(k for r in records for k in (r.get("units") or {}))
+           if k not in ("size", "doc") and k not in kind.shared_units]
     R, S, L, n = len(rows), len(seeds), len(lengths), len(units[own[0]])
     arrays = {k: np.full((R, S, L, n), np.nan) for k in own}  # (rows, seeds, lengths, units); NaN: no number
     for r in records:
         if r["status"] == "ok" and r.get("units"):
             at = (rows.index(label(r)), seeds.index(r["seed"]), lengths.index(r["eval_len"]))
             for k, a in arrays.items():
-                a[at] = r["units"][k]
+                if k in r["units"]:
+                    a[at] = r["units"][k]
     measured = ~np.isnan(arrays[own[0]][..., 0])  # (R, S, L): this row has a number at this seed and length
     doc = next((r["units"]["doc"] for r in records if r.get("units") and r["units"].get("doc")), None)
     cluster, documents = _clusters(doc, kind, n)  # (units,) each unit's cluster

@@ -72,11 +72,12 @@ class RunConfig:
 
     def rows(self) -> list[Row]:
         """The rows of ``encodings``, each with the config's window unless its name gives one."""
-        rows = []
-        for spec in self.encodings:
-            row = Row.parse(spec)
-            rows.append(row if row.window is not None else Row(row.encoding, self.window))
-        return list(dict.fromkeys(rows))
+        return list(dict.fromkeys(self.row(spec) for spec in self.encodings))
+
+    def row(self, spec: str) -> Row:
+        """The row named ``spec`` (ConfigError when it is none), with the config's window unless its name gives one."""
+        row = Row.parse(spec)
+        return row if row.window is not None else Row(row.encoding, self.window)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -129,3 +130,12 @@ def validate_rows_and_task(cfg: RunConfig) -> None:
         from posenc_bench.bench import tasks
 
         tasks.validate(cfg.task, cfg.eval_lengths())
+    keys = cfg.eval.key_tokens
+    if keys.evaluator:  # a row the config can build (trained with the run if it is not one of this invocation's)
+        if cfg.task.name:
+            raise ConfigError(f"eval.key_tokens: key tokens are targets of text; a task run (task.name "
+                              f"{cfg.task.name}) has none")
+        cfg.row(keys.evaluator)  # ConfigError naming an unknown encoding
+        if keys.seed is not None and keys.seed not in cfg.seeds:
+            raise ConfigError(f"eval.key_tokens.seed {keys.seed} is not a seed of this run; valid: "
+                              f"{', '.join(map(str, cfg.seeds))}")

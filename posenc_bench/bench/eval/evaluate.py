@@ -112,32 +112,43 @@ class _Units:
     """Per-unit sums of one evaluation: NLL, targets and bytes of each block of ``size`` consecutive targets
     of each segment (the module docstring's point 5)."""
 
-    def __init__(self, n_segments: int, targets: int, size: int) -> None:
+    def __init__(self, n_segments: int, targets: int, size: int, keyed: bool = False) -> None:
         self.size = size
         shape = (n_segments, -(-targets // size))  # (segments, units per segment)
         self.nll, self.tokens, self.bytes = (torch.zeros(shape, dtype=torch.float64) for _ in range(3))
+        # with key tokens (``Targets.key``): the NLL and count of each unit's key targets (``key_tokens.py``)
+        self.key_nll, self.key_tokens = (torch.zeros(shape, dtype=torch.float64) if keyed else None for _ in range(2))
 
     def add(self, rows: slice, unit_of: torch.Tensor, nll: torch.Tensor, nbytes: torch.Tensor,
-            counted: torch.Tensor) -> None:
-        """nll, nbytes, counted (1.0 for a target, 0.0 for context only) (b, cols) of segments ``rows``;
-        unit_of (cols,) each column's unit."""
+            counted: torch.Tensor, key: Optional[torch.Tensor] = None) -> None:
+        """nll, nbytes, counted (1.0 for a target, 0.0 for context only), key (bool, or None) (b, cols) of
+        segments ``rows``; unit_of (cols,) each column's unit."""
         self.nll[rows].index_add_(1, unit_of, nll)
         self.tokens[rows].index_add_(1, unit_of, counted)
         self.bytes[rows].index_add_(1, unit_of, nbytes.double())
+        if self.key_nll is not None:
+            self.key_nll[rows].index_add_(1, unit_of, torch.where(key, nll, 0.0))
+            self.key_tokens[rows].index_add_(1, unit_of, key.to(nll.dtype))
 
     def as_dict(self) -> dict:
-        return {"size": self.size, "nll": self.nll.flatten().tolist(), "tokens": self.tokens.flatten().int().tolist(),
-                "bytes": self.bytes.flatten().int().tolist()}
+        out = {"size": self.size, "nll": self.nll.flatten().tolist(), "tokens": self.tokens.flatten().int().tolist(),
+               "bytes": self.bytes.flatten().int().tolist()}
+        if self.key_nll is not None:
+            out |= {"key_nll": self.key_nll.flatten().tolist(), "key_tokens": self.key_tokens.flatten().int().tolist()}
+        return out
 
 
 class Targets(NamedTuple):
     """Per-token facts of the scored text beyond its ids, each the shape of the segments: ``token_bytes``, the
     bytes of text behind each token, for tokenizers other than ours (None: 1 per byte token, 0 for BOS), and
     ``mask`` (bool; None: all), which tokens are targets where they are predicted; the others are context only,
-    in no sum or count (a pretrained model's document separators)."""
+    in no sum or count (a pretrained model's document separators); ``key`` (bool; None: no key tokens), the key
+    tokens of this eval length (``key_tokens.py``), whose NLL and count each unit also sums (``key_nll``,
+    ``key_tokens``: LongPPL, ``metrics/longppl.py``)."""
 
     token_bytes: Optional[torch.Tensor] = None
     mask: Optional[torch.Tensor] = None
+    key: Optional[torch.Tensor] = None
 
 
 def evaluate_length(
@@ -196,17 +207,18 @@ def score_windows(
     pos_count = torch.zeros(buckets, dtype=torch.float64)
     n_tokens = 0
     n_bytes = 0
-    units = _Units(segments.shape[0], segments.shape[1] - 1, scoring.unit or span)
+    token_bytes, target_mask, key_mask = targets
+    units = _Units(segments.shape[0], segments.shape[1] - 1, scoring.unit or span, key_mask is not None)
     scored = 0  # targets of each segment scored so far: windows come in order and score each target once
     t0 = time.perf_counter()
     parts = windows(segments, length, stride)
-    token_bytes, target_mask = targets
     byte_parts = windows(token_bytes, length, stride) if token_bytes is not None else [None] * len(parts)
     mask_parts = windows(target_mask, length, stride) if target_mask is not None else [None] * len(parts)
+    key_parts = windows(key_mask, length, stride) if key_mask is not None else [None] * len(parts)
     rows_per_batch = max(1, scoring.batch_tokens // length)
     total = sum(-(-inp.shape[0] // rows_per_batch) for inp, _, _ in parts)
     with progress_bar(total, f"eval L={length}", show_progress) as bar:
-        for (inputs, targets, first), byte_part, mask_part in zip(parts, byte_parts, mask_parts):
+        for (inputs, targets, first), byte_part, mask_part, key_part in zip(parts, byte_parts, mask_parts, key_parts):
             l = inputs.shape[1]
             bucket_of = (torch.arange(first, l) // width).clamp(max=buckets - 1)  # (scored columns,)
             unit_of = (scored + torch.arange(l - first)) // units.size  # (scored columns,) unit within the segment
@@ -230,7 +242,8 @@ def score_windows(
                 nll_sum += nll.sum()
                 pos_sum.index_add_(0, bucket_of, nll.sum(0))
                 pos_count.index_add_(0, bucket_of, counted.sum(0))
-                units.add(slice(i, i + y.shape[0]), unit_of, nll, b, counted)
+                key = None if key_part is None else key_part[1][i : i + rows_per_batch, first:].bool() & counted.bool()
+                units.add(slice(i, i + y.shape[0]), unit_of, nll, b, counted, key)
                 n_tokens += int(counted.sum())
                 n_bytes += count_bytes(y[counted.bool()]) if byte_part is None else int(b.sum())
                 bar.update(1)
@@ -277,6 +290,8 @@ class EvalSet:
     token_bytes: Optional[torch.Tensor] = None  # (N, S + 1) bytes behind each token; None: byte tokens
     tokenizer: Optional[dict] = None  # a BPE's name and fingerprint (part of the eval fingerprint); None: bytes
     target_docs: Optional[torch.Tensor] = None  # (N, S) the document of each target: its place in ``documents``
+    # eval.key_tokens: length -> (N, S + 1) bool, the evaluator's key tokens (key_tokens.py), set by the sweep
+    key_tokens: dict = field(default_factory=dict)
 
     @classmethod
     def for_run(cls, cfg, corpus) -> "EvalSet":
@@ -377,12 +392,14 @@ def unit_documents(target_docs: torch.Tensor, unit_size: int) -> list[int]:
 def evaluate_model(model, evalset: EvalSet, length: int, rt) -> dict:
     """One eval length for one of our models (``rt``: a bench.runtime.Runtime); raises PositionOutOfRange where
     the encoding cannot run at this length. The encoding learns each window's index (``set_eval_windows``), and
-    the units name their documents (``EvalSet.unit_documents``)."""
+    the units name their documents (``EvalSet.unit_documents``), and the key tokens of ``length`` (where the set
+    has them: ``EvalSet.key_tokens``) give each unit's key-token sums."""
     model.encoding.set_eval_length(length)
     model.eval()
     with rt.autocast_context():
         res = score_windows(logits_nll(model), evalset.segments, length, evalset.scoring, device=rt.device,
-                            show_progress=rt.show_progress, targets=Targets(evalset.token_bytes),
+                            show_progress=rt.show_progress,
+                            targets=Targets(evalset.token_bytes, key=evalset.key_tokens.get(length)),
                             on_windows=model.encoding.set_eval_windows)
     res["units"]["doc"] = evalset.unit_documents(res["units"]["size"])
     return res

@@ -15,6 +15,7 @@ and the effective context: the largest length at which accuracy reaches ``thresh
 
 from __future__ import annotations
 
+import inspect
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Callable, Optional, Protocol, Sequence
 import torch
 
 from posenc_bench.bench.records import measured_passkey, not_measured, passkey_record
-from posenc_bench.errors import ConfigError, PositionOutOfRange
+from posenc_bench.errors import ConfigError, PosencError, PositionOutOfRange
 from posenc_bench.files import atomic_write_json, atomic_write_text
 
 INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
@@ -46,7 +47,7 @@ class PasskeyLM(Protocol):
 
     def set_length(self, length: int) -> None: ...  # raise PositionOutOfRange if it cannot run this long
 
-    def logits(self, ids: torch.Tensor) -> torch.Tensor: ...  # (1, L) -> (L, V)
+    def logits(self, ids: torch.Tensor, last: Optional[int] = None) -> torch.Tensor: ...  # (1, L) -> (L or last, V)
 
 
 @dataclass
@@ -147,11 +148,13 @@ def markdown(result: dict) -> str:
             + (f"{eff} tokens ({eff / T:g}x)" if eff else "none of the lengths tried") + "\n")
 
 
-def write(result: dict, out: Path | str, meta: dict) -> tuple[Path, Path]:
+def write(result: dict, out: Path | str, meta: dict, *, stem: str = "passkey",
+          render: Callable[[dict], str] = markdown) -> tuple[Path, Path]:
+    """``<stem>.json`` (meta and result) and ``<stem>.md`` (``render(result)``) in ``out``, each atomically."""
     out = Path(out)
-    js, md = out / "passkey.json", out / "passkey.md"
+    js, md = out / f"{stem}.json", out / f"{stem}.md"
     atomic_write_json(js, {**meta, **result})
-    atomic_write_text(md, markdown(result))
+    atomic_write_text(md, render(result))
     return js, md
 
 
@@ -172,8 +175,11 @@ def load_lm(model: str, *, encoding: Optional[str] = None, rope_scaling: Optiona
 
 
 class HFPasskeyLM:
-    """A Hugging Face causal LM and its own tokenizer (``posenc_bench.hf.model``); an optional RoPE scaling with
-    factor = prompt length / train length, applied through transformers' rope_parameters as `eval` does."""
+    """A Hugging Face causal LM and its own tokenizer (``posenc_bench.hf.model``); an optional zero-shot row as
+    `eval` runs it: a RoPE scaling with factor = prompt length / train length through transformers'
+    rope_parameters (``hf/rope.py``), or a fix (ntk, ReRoPE, Self-Extend, sinks) through our attention
+    (``hf/attention.py``). Where the row allows it (``can_cache``), a prompt's shared head runs once
+    (``prefill``) and each continuation reads its KV cache (``extend``): the multi-needle test's one prefill."""
 
     def __init__(self, model: str, *, rope_scaling: Optional[str], device: str, trust_remote_code: bool,
                  train_len: Optional[int]) -> None:
@@ -188,9 +194,31 @@ class HFPasskeyLM:
         self.scaling = rope_scaling
         if rope_scaling is not None and self.hf.rope_problem():
             raise ConfigError(self.hf.rope_problem())
-        self.name = f"hf:{spec.name}" + (f"+{rope_scaling}" if rope_scaling else "")
+        self.base_name = f"hf:{spec.name}"
+        self.name = self.base_name + (f"+{rope_scaling}" if rope_scaling else "")
         self._stack = contextlib.ExitStack()
+        self._posenc = None  # a fix's attention (hf/attention.Rerouted) at the length set, or None
+        self._cache, self._held = None, 0  # the prefilled KV cache and how many tokens it holds
         self.checkpoint_meta = {"model": self.hf.describe(), "rope_scaling": rope_scaling, "train_len": self.train_len}
+
+    def with_scaling(self, scaling: Optional[str]) -> "HFPasskeyLM":
+        """The same model (its weights loaded once) as the row of another scaling. Rows share the weights:
+        ``release`` one before setting another's length."""
+        import contextlib
+        import copy
+
+        if scaling is not None and self.hf.rope_problem():
+            raise ConfigError(self.hf.rope_problem())
+        other = copy.copy(self)
+        other.scaling, other.name = scaling, self.base_name + (f"+{scaling}" if scaling else "")
+        other._stack, other._posenc, other._cache, other._held = contextlib.ExitStack(), None, None, 0
+        other.checkpoint_meta = {**self.checkpoint_meta, "rope_scaling": scaling}
+        return other
+
+    def release(self) -> None:
+        """Put the model back as loaded (unscaled, its own attention) and drop the KV cache."""
+        self._stack.close()
+        self._posenc, self._cache, self._held = None, None, 0
 
     def encode(self, text: str) -> list[int]:
         return self.hf.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -204,19 +232,62 @@ class HFPasskeyLM:
         return full[: starts[0]] if starts else []
 
     def set_length(self, length: int) -> None:
-        from posenc_bench.hf.rope import scaled_max_positions, scaling_parameters
+        from posenc_bench.hf.rope import SCALINGS, scaled_max_positions, scaling_parameters
 
         limit = self.hf.position_limit()
         if limit is not None and length > limit:
             raise PositionOutOfRange(f"absolute position table of {limit} positions: no position {limit} or later")
-        self._stack.close()
-        if self.scaling is not None:
+        self.release()
+        if self.scaling is not None and self.scaling not in SCALINGS:  # a fix: our attention (as eval's _rerouted)
+            from posenc_bench.bench.rows import Row
+            from posenc_bench.hf import attention
+
+            encoding = attention.build_encoding(Row("rope").variant(self.scaling).encoding, self.hf.config,
+                                                self.hf.rotary, self.train_len)
+            encoding.set_eval_length(length)
+            self._stack.enter_context(attention.rerouted(self.hf.model, self.hf.rotary))
+            self._posenc = attention.Rerouted(encoding)
+        elif self.scaling is not None:
             factor = max(1.0, length / self.train_len)
             params = scaling_parameters(self.hf.rope_parameters(), self.scaling, factor, self.train_len)
             self._stack.enter_context(self.hf.scaled(params, scaled_max_positions(self.scaling, factor, self.train_len)))
 
-    def logits(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.hf.model(input_ids=ids.to(self.hf.device)).logits[0].float()
+    def logits(self, ids: torch.Tensor, last: Optional[int] = None) -> torch.Tensor:
+        """(1, L) -> (L, V), or the logits of the ``last`` positions only (at 32k tokens all of them would be
+        6 GB for SmolLM2's 49k-token vocabulary); no KV cache is kept."""
+        extra = {"posenc": self._posenc} if self._posenc is not None else {}
+        if last:
+            extra["logits_to_keep"] = last
+        return self.hf.model(input_ids=ids.to(self.hf.device), use_cache=False, **extra).logits[0].float()
+
+    def can_cache(self) -> bool:
+        """Whether ``extend`` after ``prefill`` computes what one forward over both would. Not for a fix (our
+        attention scores one whole window from position 0) nor for a length-dependent scaling (dynamic NTK
+        recomputes its frequencies from the longest position of each forward, so the cached keys would have
+        been rotated at other frequencies than a full forward's)."""
+        from posenc_bench.hf.rope import length_dependent
+
+        return self._posenc is None and not (self.scaling is not None and length_dependent(self.scaling))
+
+    @torch.inference_mode()
+    def prefill(self, ids: torch.Tensor) -> None:
+        """Run ``ids`` (1, H) once and keep every layer's keys and values for ``extend``."""
+        out = self.hf.model(input_ids=ids.to(self.hf.device), use_cache=True, logits_to_keep=1)
+        self._cache, self._held = out["cache" if "cache" in out else "past_key_values"], ids.shape[1]
+
+    @torch.inference_mode()
+    def extend(self, ids: torch.Tensor) -> torch.Tensor:
+        """(1, q) continuing the prefilled tokens (positions H .. H + q - 1) -> (q, V); the cache is cropped back
+        to the prefill after, so that no continuation sees another."""
+        if self._cache is None:
+            raise ConfigError("extend() needs prefill() first (at the length set)")
+        name = "cache" if "cache" in inspect.signature(self.hf.model.forward).parameters else "past_key_values"
+        # the cache argument is `cache` from transformers 5.2x on, `past_key_values` before
+        out = self.hf.model(input_ids=ids.to(self.hf.device), use_cache=True, **{name: self._cache})
+        self._cache.crop(-ids.shape[1])
+        if self._cache.get_seq_length() != self._held:
+            raise PosencError(f"{type(self._cache).__name__} did not crop back to the prefill's {self._held} tokens")
+        return out.logits[0].float()
 
 
 # ---- our own checkpoints ------------------------------------------------------------------------------------
@@ -232,14 +303,23 @@ class CheckpointLM:
         from posenc_bench.env import resolve_device
         from posenc_bench.tokenizer import ByteTokenizer
 
-        self.device = resolve_device(device)
+        self.device, self.path = resolve_device(device), path
         self.model, ckpt = checkpoint.load_model(path, encoding, self.device)
         row = checkpoint.evaluated_row(ckpt, encoding)  # rope+sink4 on the rope+sw64 model: rope+sw64+sink4
         self.name = f"{row.name} ({ckpt.path})"
+        self.row = row  # the row evaluated: its zero-shot variants are row.variant(scaling)
         self.train_len = ckpt.config.train.train_len
         self.tokenizer = ByteTokenizer() if ckpt.config.data.tokenizer == "bytes" else ckpt.corpus().tokenizer
         self.bos = self.tokenizer.bos
         self.checkpoint_meta = {"path": str(ckpt.path), "cell_key": ckpt.meta.get("cell_key"), "encoding": row.encoding}
+
+    def with_scaling(self, scaling: Optional[str]) -> "CheckpointLM":
+        """The zero-shot row ``scaling`` of the trained model (rope: yarn -> rope-yarn), loaded from its checkpoint."""
+        return CheckpointLM(self.path, None if scaling is None else self.row.trained.variant(scaling).encoding,
+                            str(self.device))
+
+    def release(self) -> None:  # each row is a model of its own
+        pass
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode_documents([text.encode("utf-8")])[0].tolist()
@@ -250,5 +330,5 @@ class CheckpointLM:
     def set_length(self, length: int) -> None:
         self.model.encoding.set_eval_length(length)
 
-    def logits(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model(ids.to(self.device))[0].float()
+    def logits(self, ids: torch.Tensor, last: Optional[int] = None) -> torch.Tensor:
+        return self.model(ids.to(self.device))[0, -(last or ids.shape[1]):].float()

@@ -31,7 +31,8 @@ from posenc_bench.bench.config import DEFAULT_EVAL_LENS, RunConfig, parse_eval_l
 from posenc_bench.bench.eval.evaluate import (EvalSet, Scoring, documents_in_order, documents_per_window,
                                               Targets, evaluate_model, score_windows, segment_length,
                                               unit_documents)
-from posenc_bench.bench.keys import eval_key, hf_eval_key
+from posenc_bench.bench.eval.key_tokens import KeyTokenRule, KeyTokens, target_nll
+from posenc_bench.bench.keys import eval_key, hf_eval_key, with_key_tokens
 from posenc_bench.bench.records import (ResultsFolder, ResultsStore, check_deletable, finished, measured, model_record,
                                         new_record, not_measured, run_meta, score, summary_line)
 from posenc_bench.bench.rows import Row, variant_name
@@ -72,6 +73,7 @@ class EvalOptions:
     fresh: bool = False
     delete_committed: bool = False  # --fresh may delete a committed results folder (the second, explicit flag)
     show_progress: Optional[bool] = None
+    key_tokens: Optional[KeyTokenRule] = None  # LongPPL's; evaluator "model" (unscaled) or one of rope_scaling
 
 
 def checkpoint_scalings() -> list[str]:
@@ -221,6 +223,8 @@ def eval_hf(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], None] = pri
     text = hf_text(hf.tokenizer, corpus, S, eval_tokens, split=opts.split, long_docs=opts.long_docs, doc_sep=opts.doc_sep)
     model_info = hf.describe()
     row = f"hf:{spec.name}"
+    rule = opts.key_tokens and opts.key_tokens.named({"model": row, **{s: f"{row}+{s}" for s in opts.rope_scaling}})
+    rule_key = rule.describe(train_len) if rule else None  # the key-token rule: in the config and every eval key
     run = run_meta(
         kind="eval", model=model_info, train_len_source=len_source, rows=[row] + [f"{row}+{s}" for s in opts.rope_scaling],
         train_len=train_len, eval_lengths=lengths, segments=text.segments, corpus=corpus.describe(),
@@ -228,7 +232,8 @@ def eval_hf(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], None] = pri
         eval_documents=text.documents,  # name -> targets, in scoring order: what units["doc"] counts in
         config={"data": {"source": corpus.source}, "eval": {"tokens": eval_tokens, "lens": opts.eval_lens, "split": opts.split,
                 "long_docs": opts.long_docs, "unit": unit, "position_buckets": HF_BUCKETS,
-                "doc_sep": opts.doc_sep},  # the rule asked for; the run's doc_separator says what it gave
+                "doc_sep": opts.doc_sep,  # the rule asked for; the run's doc_separator says what it gave
+                **({"key_tokens": rule_key} if rule else {})},
                 "rope_scaling": list(opts.rope_scaling), "seeds": [0]},
         params=model_info["params"], load_time_s=round(time.perf_counter() - t0, 2),
         versions={p: version_of(p) for p in ("tokenizers", "gguf", "accelerate")})
@@ -236,11 +241,12 @@ def eval_hf(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], None] = pri
     key = hf_eval_key({k: model_info.get(k) for k in ("ref", "gguf_file", "dtype", "file_sha256", "files_sha256", "hub_commit")},
                       train_len=train_len, lengths=lengths, corpus=corpus.fingerprint,
                       eval_fingerprint=run["eval_fingerprint"], doc_sep=text.separator, buckets=HF_BUCKETS, unit=unit)
+    key = with_key_tokens(key, rule_key)
     out = Path(opts.out or f"{RUNS}/eval-{_slug(spec.name)}")
     log(f"posenc-bench eval: {row} ({model_info['class']}, {model_info['params']:,} parameters, {model_info['dtype']}), "
         f"train length {train_len} from {len_source}; lengths {lengths}; {run['eval_tokens']:,} target tokens "
         f"({run['eval_bytes']:,} bytes, {len(text.documents)} documents) each; device {run['device']}; out {out}")
-    rows = _HFRows(hf, run, text, key, opts.show_progress, log)
+    rows = _HFRows(hf, run, text, key, rule, opts.show_progress, log)
     data = _evaluate_rows(ResultsFolder(out), run, opts.fresh, rows.evaluate, opts.delete_committed)
     return out, data
 
@@ -250,14 +256,15 @@ class _HFRows:
     scaling through transformers' own rope_parameters (``hf/rope.py``), or one of our rows of the trained rope
     model with its attention rerouted through our encoding (``hf/attention.py``)."""
 
-    def __init__(self, hf: HFModel, run: dict, text: HFText, key: str, show_progress: Optional[bool],
-                 log: Callable[[str], None]) -> None:
+    def __init__(self, hf: HFModel, run: dict, text: HFText, key: str, rule: Optional[KeyTokenRule],
+                 show_progress: Optional[bool], log: Callable[[str], None]) -> None:
         self.hf, self.run, self.text, self.key, self.show_progress, self.log = hf, run, text, key, show_progress, log
         self.base = run["rows"][0]
         self.unscaled: dict[int, dict] = {}  # length -> the unscaled row's result (reused where a row is the identity)
         self.scaling_of = {self.base: None, **{f"{self.base}+{s}": s for s in run["config"]["rope_scaling"]}}
         self.scoring = {L: Scoring(L, HF_BUCKETS, max(run["eval_lengths"]), unit=run["config"]["eval"]["unit"])
                         for L in run["eval_lengths"]}
+        self.keys = None if rule is None else KeyTokens(rule, run["train_len"], self._evaluator_nll, text.target_mask)
 
     def evaluate(self, store: ResultsStore, row: str) -> None:
         scaling, lengths = self.scaling_of[row], self.run["eval_lengths"]
@@ -267,6 +274,7 @@ class _HFRows:
             if scaling is None:
                 self.unscaled.update({d["eval_len"]: d for d in done if d["status"] == "ok"})
             return
+        self.key_at = {L: self.keys.at(L) for L in lengths} if self.keys else {}  # evaluator passes: none scaled
         records = [self._record(row, scaling, L) for L in sorted(lengths)]  # shortest first: peak RSS grows
         store.put_cell(row, 0, records)  # saved before it is reported: a row that was logged is on disk
         self.log(summary_line(row, records))
@@ -276,7 +284,8 @@ class _HFRows:
         rec = new_record(self.run, row, 0, L, base_encoding=self.base, scaling=scaling, rope_parameters=None,
                          eval_key=self.key, doc_separator=self.text.separator_how,
                          documents_per_window=documents_per_window(self.text.doc_index, L),
-                         model={k: info.get(k) for k in ("ref", "gguf_file", "file_sha256", "files_sha256", "hub_commit", "dtype")})
+                         model={k: info.get(k) for k in ("ref", "gguf_file", "file_sha256", "files_sha256", "hub_commit", "dtype")},
+                         **({"key_evaluator": self.keys.rule.evaluator} if self.keys else {}))  # chose the key tokens
         limit = hf.position_limit()
         if scaling is not None and hf.rope_problem():
             return not_measured(rec, "n/a", hf.rope_problem())
@@ -298,7 +307,7 @@ class _HFRows:
         with peak_memory(self.hf.device) as memory:
             res = score_windows(lambda x, y: self.hf.nll(x, y, **kwargs), self.text.segments, L, self.scoring[L],
                                 show_progress=self.show_progress, device=self.hf.device,
-                                targets=Targets(self.text.token_bytes, self.text.target_mask))
+                                targets=Targets(self.text.token_bytes, self.text.target_mask, self.key_at.get(L)))
         res["units"]["doc"] = unit_documents(self.text.target_docs, res["units"]["size"])  # as our models' units
         return {**res, **memory}
 
@@ -306,25 +315,45 @@ class _HFRows:
         rec["same_as"] = self.base  # the row computes what the unscaled model computes here: its numbers
         return {**self.unscaled[L], "eval_time_s": 0.0, "peak_memory_bytes": None, "peak_memory_kind": None}
 
+    def _parameters(self, scaling: Optional[str], L: int) -> tuple[Optional[dict], int]:
+        """(rope_parameters of frequency scaling ``scaling`` at length ``L``, None unscaled; positions allowed)."""
+        T = self.run["train_len"]
+        factor = max(1.0, L / T)
+        return (None if scaling is None else scaling_parameters(self.hf.rope_parameters(), scaling, factor, T),
+                scaled_max_positions(scaling or "", factor, T))
+
+    def _encoding(self, scaling: str, L: int):
+        """Our encoding of the zero-shot row ``scaling`` at length ``L``, for the model's attention to go through."""
+        encoding = hf_attention.build_encoding(Row("rope").variant(scaling).encoding, self.hf.config, self.hf.rotary,
+                                               self.run["train_len"])
+        encoding.set_eval_length(L)
+        return encoding
+
     def _frequency_scaled(self, rec: dict, scaling: Optional[str], L: int) -> dict:
-        train_len = self.run["train_len"]
-        factor = max(1.0, L / train_len)
-        params = None if scaling is None else scaling_parameters(self.hf.rope_parameters(), scaling, factor, train_len)
+        params, positions = self._parameters(scaling, L)
         rec["rope_parameters"] = params
-        with self.hf.scaled(params, scaled_max_positions(scaling or "", factor, train_len)):
+        with self.hf.scaled(params, positions):
             if scaling is not None and L in self.unscaled and self.hf.scaling_is_identity(L):
                 return self._same_as_base(rec, L)  # bit-identical frequencies
             return self._score(L)
 
     def _rerouted(self, rec: dict, scaling: str, L: int) -> dict:
-        encoding = hf_attention.build_encoding(Row("rope").variant(scaling).encoding, self.hf.config, self.hf.rotary,
-                                               self.run["train_len"])
-        encoding.set_eval_length(L)
+        encoding = self._encoding(scaling, L)
         rec["rerouted"] = hf_attention.describe(encoding)
         if L in self.unscaled and hf_attention.is_plain_rope(encoding, L):
             return self._same_as_base(rec, L)
         with hf_attention.rerouted(self.hf.model, self.hf.rotary):
             return self._score(L, posenc=hf_attention.Rerouted(encoding))
+
+    def _evaluator_nll(self, length: int, stride: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``key_tokens.target_nll`` of the key-token evaluator's row, scaled for ``length`` as when scored there."""
+        scaling = self.scaling_of[self.keys.rule.evaluator]
+        ours = scaling is not None and scaling not in hf_rope.SCALINGS  # a row rerouted through our encoding
+        kwargs = {"posenc": hf_attention.Rerouted(self._encoding(scaling, length))} if ours else {}
+        with (hf_attention.rerouted(self.hf.model, self.hf.rotary) if ours else
+              self.hf.scaled(*self._parameters(scaling, length))):
+            return target_nll(lambda x, y: self.hf.nll(x, y, **kwargs), self.text.segments, length, stride,
+                              batch_tokens=length, device=self.hf.device)
 
 
 # ---- our own checkpoints ----------------------------------------------------------------------------------
@@ -337,7 +366,8 @@ def _checkpoint_config(ckpt: checkpoint.Checkpoint, opts: EvalOptions) -> RunCon
                           "rerun its config with `posenc-bench run` to score the task")
     hf_only = [flag for flag, on in (("--long-docs", opts.long_docs), ("--unit", opts.unit is not None),
                                      ("--segment-len", opts.segment_len is not None),
-                                     ("--doc-sep", opts.doc_sep != EvalOptions.doc_sep)) if on]
+                                     ("--doc-sep", opts.doc_sep != EvalOptions.doc_sep),
+                                     ("--key-tokens", opts.key_tokens is not None)) if on]
     if hf_only:
         raise ConfigError(f"{hf_only[0]} applies to Hugging Face models; a checkpoint is evaluated with its config's "
                           f"units (set eval.* in its config instead)")
@@ -356,7 +386,7 @@ def _checkpoint_config(ckpt: checkpoint.Checkpoint, opts: EvalOptions) -> RunCon
     if opts.data is not None:
         cfg.data.source = opts.data
     cfg.eval.split = opts.split  # valid: what choices made by looking at numbers are made on
-    cfg.eval.tune = False  # eval scores each row at its options: tuning on valid is `run`'s (bench/eval/tune.py)
+    cfg.eval.tune, cfg.eval.key_tokens.evaluator = False, ""  # rows at their options, no key tokens: `run`'s
     cfg.seeds = [ckpt.meta["seed"]]  # the one model evaluated (its run's config lists every seed of the run)
     cfg.device = opts.device
     validate(cfg)

@@ -185,12 +185,13 @@ def test_a_checkpoint_of_a_tuned_run_is_evaluated_untuned_under_the_untuned_key(
 
     tuned = RunConfig()
     tuned.eval.tune = True
+    tuned.eval.key_tokens.evaluator = "rope"  # key tokens are `run`'s too: the eval scores none
     tuned.train.train_len = 32
     ckpt = SimpleNamespace(config=tuned, path="results/x/checkpoints/rope-seed0", meta={"seed": 0})
     cfg = _checkpoint_config(ckpt, EvalOptions(model="results/x/checkpoints/rope-seed0"))
     untuned = RunConfig()
     untuned.train.train_len = 32
-    assert cfg.eval.tune is False
+    assert cfg.eval.tune is False and cfg.eval.key_tokens.evaluator == ""
     assert eval_key(cfg, Row("rope-rerope")) == eval_key(untuned, Row("rope-rerope"))
 
 
@@ -412,3 +413,37 @@ def test_separators_between_joined_documents_are_context_never_targets(llama_dir
         assert rec["tokens"] == count == held
         assert rec["ppl"] == pytest.approx(math.exp(total / count), rel=1e-5)
         assert rec["bytes"] == sum(len(tokenizer.decode([t])) for t in lab[:, 1:].flatten().tolist() if t != -100)
+
+
+def test_key_tokens_give_every_row_longppl_on_the_evaluators_key_tokens(llama_dir, tmp_path, capsys):
+    """--key-tokens yarn: the yarn row is the evaluator of every row; records past 1x carry key_nll and key_tokens
+    per unit (the same count for every row), none at 1x; the rule is in the run's config and in every eval key."""
+    out = tmp_path / "keys"
+    argv = ["eval", "--model", f"hf:{llama_dir}", "--eval-lens", "1,2x", "--rope-scaling", "yarn", *EVAL,
+            "--eval-tokens", "192"]
+    assert main([*argv, "--out", str(out), "--key-tokens", "yarn", "--key-beta", "-8", "--key-stride", "8"]) == 0
+    data = json.loads((out / "results.json").read_text())
+    rule = data["run"]["config"]["eval"]["key_tokens"]
+    assert (rule["evaluator"], rule["beta"], rule["short_window"], rule["short_stride"]) == (
+        "hf:tiny-llama+yarn", -8.0, 32, 8)
+    at = {(r["encoding"], r["eval_len"]): r for r in data["records"]}
+    for row in ("hf:tiny-llama", "hf:tiny-llama+yarn"):
+        assert "key_nll" not in at[row, 32]["units"]  # no key tokens at 1x
+        assert at[row, 64]["key_evaluator"] == "hf:tiny-llama+yarn"
+    counts = at["hf:tiny-llama", 64]["units"]["key_tokens"]
+    assert counts == at["hf:tiny-llama+yarn", 64]["units"]["key_tokens"] and 0 < sum(counts)
+    assert main(["report", str(out), "--value", "longppl,key_share"]) == 0
+    assert "Key-token perplexity, LongPPL" in capsys.readouterr().out
+    plain = tmp_path / "plain"
+    assert main([*argv, "--out", str(plain)]) == 0
+    without = json.loads((plain / "results.json").read_text())
+    assert {r["eval_key"] for r in without["records"]}.isdisjoint({r["eval_key"] for r in data["records"]})
+    assert all("key_nll" not in r["units"] and "key_evaluator" not in r for r in without["records"])
+    assert [r["ppl"] for r in without["records"]] == pytest.approx([r["ppl"] for r in data["records"]], rel=1e-9)
+
+
+def test_key_tokens_name_a_row_of_the_eval(llama_dir, tmp_path, capsys):
+    assert main(["eval", "--model", f"hf:{llama_dir}", "--eval-lens", "1,2x", "--key-tokens", "yarn",
+                 "--out", str(tmp_path / "o"), *EVAL]) == 2
+    err = capsys.readouterr().err
+    assert "the evaluator 'yarn' is not a row of this eval; valid: model, hf:tiny-llama" in err

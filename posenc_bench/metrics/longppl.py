@@ -1,0 +1,43 @@
+"""Key-token perplexity (LongPPL) and the share of targets that are key tokens, at each eval length.
+
+Fang et al., ICLR 2025, "What is Wrong with Perplexity for Long-context Language Modeling?" (PKU-ML/LongPPL,
+``pip install longppl``): perplexity restricted to the **key tokens**, the targets whose NLL under an evaluator
+model drops by more than alpha = 2 nats with the long context against a short one (and whose long-context
+log-probability is above beta = -2): ``bench/eval/key_tokens.py`` identifies them at each eval length, and the
+evaluation sums each unit's NLL over them (``units["key_nll"]``) and counts them (``units["key_tokens"]``). So
+LongPPL = exp(sum key NLL / sum key tokens) over any multiset of units, exactly as ``compute_longppl`` takes
+``exp(loss_key.mean())`` (``longppl/longppl.py``). Plain perplexity averages over every target, most of which
+need only a few hundred tokens of context; LongPPL tracks whether a row uses the context past its train length.
+
+Lower is better; rows compare as a ratio (the same key tokens for every row: the evaluator's). Not at 1x: at the
+train length no target has a longer context than a short one, so there are no key tokens. A unit with no key
+tokens adds nothing; a draw of the text with none has no value (NaN: left out of the interval); records
+without key-token fields (key tokens not identified, or at 1x) have no value. Not gated: the key set is a few
+percent of the targets, and the gate's tolerances were set on all of them. No figure yet: ``plot`` draws every
+metric that has one for every folder, and folders without key tokens would have none to draw.
+
+``key_share``: the share of the targets that are key tokens, the evaluator's and the text's, the same for every
+row (a row's table of it is the evaluator's), so it says how much of the text the LongPPL column rests on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from posenc_bench.metrics.registry import SHARE, Metric, register
+
+LONGPPL = register(Metric(
+    "longppl", kind="ppl",
+    title=("Key-token perplexity, LongPPL (lower is better; the targets the evaluator needs the long context for; "
+           "columns: eval length as a multiple of the train length)"),
+    units=("key_nll", "key_tokens"), formula=lambda s: np.exp(s["key_nll"] / s["key_tokens"]),
+    at_1x=False,
+    compare_title="LongPPL relative to {ref} at the same length (paired, on the same key tokens)",
+))
+
+KEY_SHARE = register(Metric(
+    "key_share", kind="ppl",
+    title="Share of the targets that are key tokens (the evaluator's: the same for every row)",
+    units=("key_tokens", "tokens"), formula=lambda s: s["key_tokens"] / s["tokens"],
+    bounds=SHARE, at_1x=False,
+))

@@ -1,0 +1,82 @@
+"""Key-token perplexity (metrics/longppl.py): exp(sum key NLL / key tokens) by hand, the share of key tokens, no
+value without key tokens (at 1x, or a unit set with none), intervals from the per-unit fields, and `report --value
+longppl` on a results folder that has them."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from posenc_bench import metrics
+from posenc_bench.analysis.stats.intervals import Intervals
+from tests.analysis.fake_results import unit_results, write
+
+
+def test_longppl_is_exp_of_the_key_nll_over_the_key_tokens_by_hand():
+    longppl = metrics.get("longppl")
+    # three units: 3.0 nats over 2 key tokens, none, 1.5 over 1: exp(4.5 / 3), not the mean of the units' values
+    units = {"size": 4, "nll": [9.0, 8.0, 7.0], "tokens": [4, 4, 4], "bytes": [4, 4, 4],
+             "key_nll": [3.0, 0.0, 1.5], "key_tokens": [2, 0, 1]}
+    assert longppl.of_units(units) == pytest.approx(math.exp(4.5 / 3))
+    assert metrics.get("key_share").of_units(units) == pytest.approx(3 / 12)
+    sums = {"key_nll": np.array([3.0, 0.0]), "key_tokens": np.array([2.0, 0.0])}
+    with np.errstate(invalid="ignore"):
+        assert np.isnan(longppl.formula(sums)[1])  # no key tokens: no value
+    assert longppl.of_units({"size": 4, "nll": [1.0], "tokens": [4], "bytes": [4]}) is None  # not identified
+
+
+def test_longppl_is_lower_better_a_ratio_not_at_1x_and_not_gated():
+    m = metrics.get("longppl")
+    assert (m.kind, m.higher_is_better, m.difference, m.at_1x, m.gate_tolerance) == ("ppl", False, False, False, None)
+    share = metrics.get("key_share")
+    assert (share.bounds, share.at_1x) == ((0.0, 1.0), False)
+    assert "longppl" in metrics.tabled() and "key_share" in metrics.tabled()
+
+
+def _keyed(data: dict) -> dict:
+    """``data`` with key-token fields past 1x: every fourth unit has none, the others two key tokens whose NLL is
+    1.2 nats each times the row's NLL scale at that length (so rows differ on key tokens as on all targets)."""
+    for r in data["records"]:
+        if r["eval_len"] == r["train_len"]:
+            continue  # no key tokens at 1x: no fields
+        n = len(r["units"]["nll"])
+        scale = sum(r["units"]["nll"]) / (1.5 * sum(r["units"]["tokens"]))
+        r["units"]["key_tokens"] = [0 if i % 4 == 0 else 2 for i in range(n)]
+        r["units"]["key_nll"] = [k * 1.2 * scale for k in r["units"]["key_tokens"]]
+        r["key_evaluator"] = "rope"
+    return data
+
+
+def test_intervals_draw_longppl_from_the_key_fields_and_leave_1x_empty():
+    data = _keyed(unit_results(seeds=(0, 1, 2)))
+    iv = Intervals(data["records"], draws=200)
+    for r in data["records"]:
+        if r["eval_len"] == 200 and r["seed"] == 0:
+            u = r["units"]
+            assert metrics.record_value(metrics.get("longppl"), r) == pytest.approx(
+                math.exp(sum(u["key_nll"]) / sum(u["key_tokens"])))
+    got = iv.interval("longppl", "rope", 200)
+    rope = [r["units"] for r in data["records"] if r["encoding"] == "rope" and r["eval_len"] == 200]
+    each = [math.exp(sum(u["key_nll"]) / sum(u["key_tokens"])) for u in rope]
+    assert got.value == pytest.approx(math.exp(np.mean(np.log(each))), rel=1e-9)  # the geometric mean over seeds
+    assert got.lo < got.value < got.hi
+    assert iv.interval("longppl", "rope", 100) is None  # 1x: no key tokens
+    share = iv.interval("key_share", "alibi", 200)
+    assert share.value == pytest.approx(30 * 2 / (40 * 50))  # 30 of 40 units with 2 key tokens of 50 targets
+    assert iv.interval("ppl", "rope", 100) is not None  # records without the fields keep every other metric
+
+
+def test_report_value_longppl_prints_a_table_with_intervals(tmp_path, capsys):
+    from posenc_bench.commands.cli import main
+
+    folder = write(tmp_path / "run", _keyed(unit_results(seeds=(0, 1, 2))))
+    assert main(["report", str(folder), "--value", "longppl,key_share"]) == 0
+    out = capsys.readouterr().out
+    assert "Key-token perplexity, LongPPL" in out and "Share of the targets that are key tokens" in out
+    assert "[" in out.split("Key-token perplexity")[1]  # intervals in its cells
+    assert main(["report", str(folder), "--value", "longppl", "--compare", "alibi"]) == 0
+    assert "LongPPL relative to alibi" in capsys.readouterr().out
+    plain = write(tmp_path / "plain", unit_results())  # a folder without key tokens: the table says so, no error
+    assert main(["report", str(plain), "--value", "ppl,longppl"]) == 0
+    json.dumps(capsys.readouterr().out)
