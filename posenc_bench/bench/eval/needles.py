@@ -28,7 +28,7 @@ values in any order; here it is fixed). Records: per (variant, length, depth), `
 retrieved there (RULER averages its tasks); the effective length is the longest length whose accuracy, and
 that of every shorter length, is at least the threshold. RULER's threshold is Llama2-7B's average at 4K,
 85.6% (``RULER_THRESHOLD``): the default, so that the number reads as RULER's. A model whose own context
-scores below it (SmolLM2-135M: 20% at 8K) has no effective length at any scaling; ``OWN`` ("1x") takes the
+scores below it (a small model) has no effective length at any scaling; ``OWN`` ("1x") takes the
 model's own accuracy at its train length as the bar instead (RULER's idea, a reference model at its native
 length, with the model itself as the reference): how far each scaling keeps what the model does at home.
 """
