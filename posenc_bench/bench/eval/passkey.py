@@ -238,13 +238,11 @@ class HFPasskeyLM:
         if limit is not None and length > limit:
             raise PositionOutOfRange(f"absolute position table of {limit} positions: no position {limit} or later")
         self.release()
-        if self.scaling is not None and self.scaling not in SCALINGS:  # a fix: our attention (as eval's _rerouted)
-            from posenc_bench.bench.rows import Row
+        if self.scaling is not None and self.scaling not in SCALINGS:  # a fix: our attention, as eval runs it
+            from posenc_bench.bench.eval.pretrained import fix_encoding
             from posenc_bench.hf import attention
 
-            encoding = attention.build_encoding(Row("rope").variant(self.scaling).encoding, self.hf.config,
-                                                self.hf.rotary, self.train_len)
-            encoding.set_eval_length(length)
+            encoding = fix_encoding(self.hf, self.scaling, self.train_len, length)
             self._stack.enter_context(attention.rerouted(self.hf.model, self.hf.rotary))
             self._posenc = attention.Rerouted(encoding)
         elif self.scaling is not None:

@@ -251,6 +251,13 @@ def eval_hf(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], None] = pri
     return out, data
 
 
+def fix_encoding(hf: HFModel, scaling: str, train_len: int, length: int):
+    """Our encoding of the zero-shot fix ``scaling`` on ``hf``'s heads at ``length``, for its attention to use."""
+    encoding = hf_attention.build_encoding(Row("rope").variant(scaling).encoding, hf.config, hf.rotary, train_len)
+    encoding.set_eval_length(length)
+    return encoding
+
+
 class _HFRows:
     """The rows of one Hugging Face model: the model itself, then each zero-shot row of it: a frequency
     scaling through transformers' own rope_parameters (``hf/rope.py``), or one of our rows of the trained rope
@@ -322,13 +329,6 @@ class _HFRows:
         return (None if scaling is None else scaling_parameters(self.hf.rope_parameters(), scaling, factor, T),
                 scaled_max_positions(scaling or "", factor, T))
 
-    def _encoding(self, scaling: str, L: int):
-        """Our encoding of the zero-shot row ``scaling`` at length ``L``, for the model's attention to go through."""
-        encoding = hf_attention.build_encoding(Row("rope").variant(scaling).encoding, self.hf.config, self.hf.rotary,
-                                               self.run["train_len"])
-        encoding.set_eval_length(L)
-        return encoding
-
     def _frequency_scaled(self, rec: dict, scaling: Optional[str], L: int) -> dict:
         params, positions = self._parameters(scaling, L)
         rec["rope_parameters"] = params
@@ -338,7 +338,7 @@ class _HFRows:
             return self._score(L)
 
     def _rerouted(self, rec: dict, scaling: str, L: int) -> dict:
-        encoding = self._encoding(scaling, L)
+        encoding = fix_encoding(self.hf, scaling, self.run["train_len"], L)
         rec["rerouted"] = hf_attention.describe(encoding)
         if L in self.unscaled and hf_attention.is_plain_rope(encoding, L):
             return self._same_as_base(rec, L)
@@ -349,7 +349,7 @@ class _HFRows:
         """``key_tokens.target_nll`` of the key-token evaluator's row, scaled for ``length`` as when scored there."""
         scaling = self.scaling_of[self.keys.rule.evaluator]
         ours = scaling is not None and scaling not in hf_rope.SCALINGS  # a row rerouted through our encoding
-        kwargs = {"posenc": hf_attention.Rerouted(self._encoding(scaling, length))} if ours else {}
+        kwargs = {"posenc": hf_attention.Rerouted(fix_encoding(self.hf, scaling, self.run["train_len"], length))} if ours else {}
         with (hf_attention.rerouted(self.hf.model, self.hf.rotary) if ours else
               self.hf.scaled(*self._parameters(scaling, length))):
             return target_nll(lambda x, y: self.hf.nll(x, y, **kwargs), self.text.segments, length, stride,
