@@ -84,11 +84,12 @@ class Corpus:
 
     def documents(self, split: str) -> list[tuple[str, bytes]]:
         """The documents of ``split``, or of every split for "all" (test, valid, train: a pretrained model was
-        trained on none of them, so all are held out from it)."""
-        if split == "all":
-            return [d for s in ("test", "valid", "train") for d in self.splits[s]]
+        trained on none of them, so all are held out from it), or of all but valid for "all-but-valid" (what a
+        pretrained model's fixes, chosen on valid, are scored on: ``eval --tune``)."""
+        if split in ("all", "all-but-valid"):
+            return [d for s in ("test", "valid", "train") if s != split[8:] for d in self.splits[s]]
         if split not in self.splits:
-            raise ConfigError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}, all")
+            raise ConfigError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}, all, all-but-valid")
         return self.splits[split]
 
     def describe(self) -> dict:

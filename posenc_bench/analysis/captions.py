@@ -77,7 +77,7 @@ def _is_hf(run: dict) -> bool:
 
 def caption(run: dict, records: Optional[list[dict]] = None) -> str:
     if _is_hf(run):
-        return hf_caption(run)
+        return hf_caption(run, records)
     cfg = run["config"]
     m, t = cfg["model"], cfg["train"]
     seeds = cfg["seeds"]
@@ -170,6 +170,8 @@ def _scored(run: dict, plural: bool = True) -> str:
     split = scored_split(run)
     if split == "all":
         return "tokens of every document" if plural else "token"
+    if split == "all-but-valid":
+        return "tokens of every document but the valid split's" if plural else "token"
     return f"{split} token{'s' if plural else ''}"
 
 
@@ -191,7 +193,7 @@ def _prefix(run: dict) -> str:
     return f"document separator {run['doc_separator']}"
 
 
-def hf_caption(run: dict) -> str:
+def hf_caption(run: dict, records: Optional[list[dict]] = None) -> str:
     """Caption of a `posenc-bench eval` table of a pretrained Hugging Face model."""
     m = run["model"]
     what = m["ref"] + (f"/{m['gguf_file']}" if m.get("gguf_file") else "")
@@ -204,7 +206,7 @@ def hf_caption(run: dict) -> str:
         f"({run['eval_bytes']:,} bytes) scored at every length (eval {run['eval_fingerprint']}); device {run['device']}; "
         f"torch {run['versions']['torch']}, transformers {run['versions']['transformers']}; "
         f"commit {_short_commit(run['git_commit'])}."
-    )
+    ) + tuning_text(records)
 
 
 def short_caption(run: dict, records: Optional[list[dict]] = None) -> str:

@@ -168,6 +168,13 @@ def with_key_tokens(key: str, key_tokens: Optional[dict]) -> str:
     return key if key_tokens is None else _hash({"eval_key": key, "key_tokens": key_tokens})
 
 
+def with_tuning(key: str, grids: dict, valid: Optional[dict]) -> str:
+    """A pretrained model's row key extended by its ``eval --tune`` grids ({length: grid}) and the valid text they
+    are chosen on (``pretrained._HFRows``), as ``grids`` extends a run's eval key: a tuned record never matches an
+    untuned one, or the reverse; a row with nothing to tune ({}) keeps the key it always had."""
+    return key if not grids else _hash({"eval_key": key, "tune": grids, "valid": valid})
+
+
 class Keys:
     """The keys of one run's cells, each computed once: a sweep asks for them to resume, to estimate, to
     train and to write records."""

@@ -19,9 +19,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     e.add_argument("--train-len", type=int, help="override the model's own train length (max_position_embeddings)")
     e.add_argument("--data", help="stdlib (default) | shakespeare | sotu | a path or glob | hf:<dataset>[:<config>]")
     e.add_argument("--eval-tokens", type=int, help="target tokens scored at every eval length (HF default 16384)")
-    e.add_argument("--split", choices=["test", "valid", "train", "all"], default="test",
+    e.add_argument("--split", choices=["test", "valid", "train", "all", "all-but-valid"], default="test",
                    help="which split of --data is scored (all: every document, for a Hugging Face model, which trained "
-                        "on none; a checkpoint of ours takes test, valid or train)")
+                        "on none; all-but-valid: the same less the valid split, for --tune; a checkpoint of ours takes "
+                        "test, valid or train)")
+    e.add_argument("--tune", action="store_true",
+                   help="Hugging Face models: choose each zero-shot row's options (YaRN's ramp, ReRoPE's w, Leaky "
+                        "ReRoPE's (w, k), Self-Extend's (G, W), the sinks' count) on the valid split at each length, "
+                        "from its class's grid, and score --split (test, train or all-but-valid) at the choice")
     e.add_argument("--long-docs", action="store_true",
                    help="Hugging Face models: only documents at least as long as the longest window, which never "
                         "spans two of them")
@@ -68,7 +73,7 @@ def cmd(args: argparse.Namespace) -> int:
         precision=check_precision(args.precision, PRECISIONS),
         trust_remote_code=args.trust_remote_code, doc_sep=args.doc_sep, split=args.split, long_docs=args.long_docs,
         unit=args.unit, segment_len=args.segment_len, fresh=args.fresh, delete_committed=args.delete_committed,
-        show_progress=progress_choice(args), key_tokens=_key_tokens(args),
+        show_progress=progress_choice(args), key_tokens=_key_tokens(args), tune=args.tune,
     )
     out, data = run_eval(opts)  # results.json
     table = write_tables(out, data)

@@ -225,7 +225,7 @@ def _tokenizer_folder(cfg, run: dict, folder: Path) -> Optional[Path]:
 def _hf_rebuild(run: dict, model: Optional[str]) -> tuple[dict, str, str]:
     """A Hugging Face eval's text through the model's tokenizer (no weights), cut as the run recorded: its
     corpus, split, eval tokens, segment length, --long-docs and the separator it put between documents."""
-    from posenc_bench.bench.eval.pretrained import hf_text
+    from posenc_bench.bench.eval.hf_text import hf_text
     from posenc_bench.data import load_corpus, tokens_fingerprint
     from posenc_bench.hf.model import ModelSpec, load_tokenizer, resolve_model
     from posenc_bench.hf.tokenize import recorded_separator

@@ -26,26 +26,28 @@ from typing import Callable, Optional
 
 import torch
 
+from posenc_bench import metrics
 from posenc_bench.bench import checkpoint
 from posenc_bench.bench.config import DEFAULT_EVAL_LENS, RunConfig, parse_eval_lens, validate
-from posenc_bench.bench.eval.evaluate import (EvalSet, Scoring, documents_in_order, documents_per_window,
+from posenc_bench.bench.eval.evaluate import (EvalSet, Scoring, documents_per_window,
                                               Targets, evaluate_model, score_windows, segment_length,
                                               unit_documents)
+from posenc_bench.bench.eval import tune
+from posenc_bench.bench.eval.hf_text import HFText, hf_text, valid_text
 from posenc_bench.bench.eval.key_tokens import KeyTokenRule, KeyTokens, target_nll
-from posenc_bench.bench.keys import eval_key, hf_eval_key, with_key_tokens
+from posenc_bench.bench.keys import eval_key, hf_eval_key, with_key_tokens, with_tuning
 from posenc_bench.bench.records import (ResultsFolder, ResultsStore, check_deletable, finished, measured, model_record,
                                         new_record, not_measured, run_meta, score, summary_line)
 from posenc_bench.bench.rows import Row, variant_name
 from posenc_bench.bench.run.runtime import Runtime
-from posenc_bench.data import Corpus, document_segments, eval_segments, load_corpus
+from posenc_bench.data import load_corpus, tokens_fingerprint
 from posenc_bench.env import device_description, peak_memory, resolve_device, version_of
-from posenc_bench.errors import ConfigError, DataError, PosencError
+from posenc_bench.errors import ConfigError, PosencError
 from posenc_bench.files import RUNS, file_hash
 from posenc_bench.hf.model import HFModel, ModelSpec, resolve_model
 from posenc_bench.hf import attention as hf_attention
 from posenc_bench.hf import rope as hf_rope
 from posenc_bench.hf.rope import scaled_max_positions, scaling_parameters
-from posenc_bench.hf.tokenize import document_separator, separators, tokenize_documents
 
 DEFAULT_EVAL_TOKENS = 16384
 HF_BUCKETS = 64
@@ -74,6 +76,7 @@ class EvalOptions:
     delete_committed: bool = False  # --fresh may delete a committed results folder (the second, explicit flag)
     show_progress: Optional[bool] = None
     key_tokens: Optional[KeyTokenRule] = None  # LongPPL's; evaluator "model" (unscaled) or one of rope_scaling
+    tune: bool = False  # each zero-shot row's options chosen on the valid split at each length (bench/eval/tune.py)
 
 
 def checkpoint_scalings() -> list[str]:
@@ -151,53 +154,6 @@ def _evaluate_rows(folder: ResultsFolder, run: dict, fresh: bool, evaluate_row: 
 
 # ---- Hugging Face models ----------------------------------------------------------------------------------
 
-@dataclass
-class HFText:
-    """A Hugging Face model's eval text: what ``eval`` scores, and what ``bench/eval/documents.py`` rebuilds."""
-
-    segments: torch.Tensor  # (N, S + 1) token ids of the model's tokenizer
-    token_bytes: torch.Tensor  # the same shape: UTF-8 bytes behind each token
-    doc_index: torch.Tensor  # the same shape: which document each token belongs to (its index in the split)
-    separator: Optional[int]
-    separator_how: str
-    documents: dict  # name -> targets it holds, of each document scored, in scoring order (the run's eval_documents)
-    target_docs: torch.Tensor  # (N, S) the document of each target: its place in ``documents``
-    target_mask: torch.Tensor  # (N, S + 1) bool: False at the document separators (context only, never scored)
-
-
-def hf_text(tokenizer, corpus: Corpus, S: int, eval_tokens: int, *, split: str, long_docs: bool, doc_sep: str
-            ) -> HFText:
-    """The eval segments through the model's tokenizer: cut from the stream of the split's documents, or
-    (``long_docs``) from inside the documents of at least S + 1 tokens, one document per segment. The targets
-    are those of the segments but the separators (``hf/tokenize.separators``): in the stream, the separator
-    between two documents is context for the next one and no target; with ``long_docs`` no separator is a
-    target anyway (a document's separator is the leading, context-only token of its first segment). A
-    separator's place in ``target_docs`` is the document before it (the one it ends), so that every document
-    of ``documents`` holds targets."""
-    sep, sep_how = document_separator(tokenizer, doc_sep)
-    docs = corpus.documents(split)
-    need = -(-eval_tokens // S) * S + 1
-    if not long_docs:
-        tokens, nbytes, index = tokenize_documents(tokenizer, docs, sep, need)
-        parts = [eval_segments(t, S, eval_tokens) for t in (tokens, nbytes, index, separators(index, sep))]
-    else:
-        tokens, nbytes, index = tokenize_documents(tokenizer, docs, sep, 1 << 62, min_doc_tokens=S + 1)  # all of them
-        if tokens.numel() == 0:
-            raise DataError(f"no document of the {split!r} split of {corpus.source!r} has {S + 1} tokens "
-                            f"(--long-docs: one segment is {S + 1} tokens); use longer documents"
-                            f"{'' if split == 'all' else ', or --split all'}")
-        counts = torch.unique_consecutive(index, return_counts=True)[1].tolist()
-        parts = [document_segments(list(t.split(counts)), S, eval_tokens)
-                 for t in (tokens, nbytes, index, separators(index, sep))]
-    segments, token_bytes, doc_index, opens = parts
-    target_mask = opens == 0  # the segments are int64 (eval_segments, document_segments)
-    is_target = target_mask[:, 1:]
-    scored, target_docs = documents_in_order(torch.where(is_target, doc_index[:, 1:], doc_index[:, :-1]))
-    held = torch.bincount(target_docs[is_target], minlength=len(scored)).tolist()
-    documents = {docs[d][0]: n for d, n in zip(scored, held)}
-    return HFText(segments, token_bytes, doc_index, sep, sep_how, documents, target_docs, target_mask)
-
-
 def eval_hf(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], None] = print) -> tuple[Path, dict]:
     device = resolve_device(opts.device)
     if opts.train_len is not None and opts.train_len < 1:
@@ -221,6 +177,8 @@ def eval_hf(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], None] = pri
     if S < max(lengths):
         raise ConfigError(f"--segment-len {S}: a segment holds at least one window of the longest length {max(lengths)}")
     text = hf_text(hf.tokenizer, corpus, S, eval_tokens, split=opts.split, long_docs=opts.long_docs, doc_sep=opts.doc_sep)
+    valid = opts.tune and valid_text(hf.tokenizer, corpus, S, eval_tokens, split=opts.split, long_docs=opts.long_docs,
+                                     doc_sep=opts.doc_sep) or None  # cut as the scored text is
     model_info = hf.describe()
     row = f"hf:{spec.name}"
     rule = opts.key_tokens and opts.key_tokens.named({"model": row, **{s: f"{row}+{s}" for s in opts.rope_scaling}})
@@ -233,6 +191,7 @@ def eval_hf(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], None] = pri
         config={"data": {"source": corpus.source}, "eval": {"tokens": eval_tokens, "lens": opts.eval_lens, "split": opts.split,
                 "long_docs": opts.long_docs, "unit": unit, "position_buckets": HF_BUCKETS,
                 "doc_sep": opts.doc_sep,  # the rule asked for; the run's doc_separator says what it gave
+                **({"tune": True} if opts.tune else {}),
                 **({"key_tokens": rule_key} if rule else {})},
                 "rope_scaling": list(opts.rope_scaling), "seeds": [0]},
         params=model_info["params"], load_time_s=round(time.perf_counter() - t0, 2),
@@ -246,14 +205,16 @@ def eval_hf(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], None] = pri
     log(f"posenc-bench eval: {row} ({model_info['class']}, {model_info['params']:,} parameters, {model_info['dtype']}), "
         f"train length {train_len} from {len_source}; lengths {lengths}; {run['eval_tokens']:,} target tokens "
         f"({run['eval_bytes']:,} bytes, {len(text.documents)} documents) each; device {run['device']}; out {out}")
-    rows = _HFRows(hf, run, text, key, rule, opts.show_progress, log)
+    rows = _HFRows(hf, run, text, key, rule, valid, opts.show_progress, log)
     data = _evaluate_rows(ResultsFolder(out), run, opts.fresh, rows.evaluate, opts.delete_committed)
     return out, data
 
 
-def fix_encoding(hf: HFModel, scaling: str, train_len: int, length: int):
-    """Our encoding of the zero-shot fix ``scaling`` on ``hf``'s heads at ``length``, for its attention to use."""
-    encoding = hf_attention.build_encoding(Row("rope").variant(scaling).encoding, hf.config, hf.rotary, train_len)
+def fix_encoding(hf: HFModel, scaling: str, train_len: int, length: int, point: Optional[dict] = None):
+    """Our encoding of the zero-shot fix ``scaling`` on ``hf``'s heads at ``length`` (at its tuning grid's
+    ``point``: ``Encoding.tuned_row``; None: its defaults), for its attention to use."""
+    name, options = Row("rope").variant(scaling).cls.tuned_row(point) if point else (Row("rope").variant(scaling).encoding, {})
+    encoding = hf_attention.build_encoding(name, hf.config, hf.rotary, train_len, **options)
     encoding.set_eval_length(length)
     return encoding
 
@@ -261,22 +222,34 @@ def fix_encoding(hf: HFModel, scaling: str, train_len: int, length: int):
 class _HFRows:
     """The rows of one Hugging Face model: the model itself, then each zero-shot row of it: a frequency
     scaling through transformers' own rope_parameters (``hf/rope.py``), or one of our rows of the trained rope
-    model with its attention rerouted through our encoding (``hf/attention.py``)."""
+    model with its attention rerouted through our encoding (``hf/attention.py``). With ``valid`` (``--tune``), a
+    row with a grid at a length (``tune.grid_points``) is scored there at the point chosen on ``valid``."""
 
     def __init__(self, hf: HFModel, run: dict, text: HFText, key: str, rule: Optional[KeyTokenRule],
-                 show_progress: Optional[bool], log: Callable[[str], None]) -> None:
-        self.hf, self.run, self.text, self.key, self.show_progress, self.log = hf, run, text, key, show_progress, log
+                 valid: Optional[HFText], show_progress: Optional[bool], log: Callable[[str], None]) -> None:
+        self.hf, self.run, self.text, self.valid, self.show_progress, self.log = hf, run, text, valid, show_progress, log
         self.base = run["rows"][0]
         self.unscaled: dict[int, dict] = {}  # length -> the unscaled row's result (reused where a row is the identity)
         self.scaling_of = {self.base: None, **{f"{self.base}+{s}": s for s in run["config"]["rope_scaling"]}}
         self.scoring = {L: Scoring(L, HF_BUCKETS, max(run["eval_lengths"]), unit=run["config"]["eval"]["unit"])
                         for L in run["eval_lengths"]}
         self.keys = None if rule is None else KeyTokens(rule, run["train_len"], self._evaluator_nll, text.target_mask)
+        self.grids = {row: self._grids(s) for row, s in self.scaling_of.items()}  # row -> {length: grid}
+        self.valid_meta = valid and {"split": tune.SPLIT, "targets": int(valid.target_mask[:, 1:].sum()),
+                                     "fingerprint": tokens_fingerprint(valid.segments), "documents": valid.documents}
+        self.key = {row: with_tuning(key, grids, self.valid_meta) for row, grids in self.grids.items()}
+
+    def _grids(self, scaling: Optional[str]) -> dict[str, list[dict]]:
+        """{length: grid} of zero-shot row ``scaling`` with ``--tune`` (none unscaled, untuned or gridless)."""
+        if self.valid is None or scaling is None or (row := _rope_row(scaling)) is None:
+            return {}
+        found = {str(L): tune.grid_points(row, self.run["train_len"], L, {}) for L in self.run["eval_lengths"]}
+        return {L: grid for L, grid in found.items() if grid}
 
     def evaluate(self, store: ResultsStore, row: str) -> None:
         scaling, lengths = self.scaling_of[row], self.run["eval_lengths"]
         done = store.cell(row, 0)
-        if finished(done, lengths, {"eval_key": self.key}):
+        if finished(done, lengths, {"eval_key": self.key[row]}):
             self.log(f"  {row}: done before, skipped")
             if scaling is None:
                 self.unscaled.update({d["eval_len"]: d for d in done if d["status"] == "ok"})
@@ -289,7 +262,7 @@ class _HFRows:
     def _record(self, row: str, scaling: Optional[str], L: int) -> dict:
         hf, info = self.hf, self.run["model"]
         rec = new_record(self.run, row, 0, L, base_encoding=self.base, scaling=scaling, rope_parameters=None,
-                         eval_key=self.key, doc_separator=self.text.separator_how,
+                         eval_key=self.key[row], doc_separator=self.text.separator_how,
                          documents_per_window=documents_per_window(self.text.doc_index, L),
                          model={k: info.get(k) for k in ("ref", "gguf_file", "file_sha256", "files_sha256", "hub_commit", "dtype")},
                          **({"key_evaluator": self.keys.rule.evaluator} if self.keys else {}))  # chose the key tokens
@@ -300,50 +273,73 @@ class _HFRows:
             return not_measured(rec, "n/a", f"{info['class']} has an absolute position table of {limit} positions "
                                             f"(max_position_embeddings): no position {limit} or later")
         try:
-            if scaling is None or scaling in hf_rope.SCALINGS:
-                res = self._frequency_scaled(rec, scaling, L)
-            else:
-                res = self._rerouted(rec, scaling, L)
+            res = self._tuned(rec, row, scaling, L) if str(L) in self.grids[row] else self._measure(rec, scaling, L)
         except PosencError as e:
             return not_measured(rec, "n/a", str(e))
         if scaling is None:
             self.unscaled[L] = res
         return measured(rec, res)
 
-    def _score(self, L: int, **kwargs) -> dict:
+    def _tuned(self, rec: dict, row: str, scaling: str, L: int) -> dict:
+        """``tune.Tuner.evaluate``'s steps 2-5 on this model: each point on the valid text, the scored text at the
+        best (ppl, the lowest; the earliest on a tie)."""
+        grid, metric = self.grids[row][str(L)], metrics.get("ppl")
+        values = []
+        for point in grid:
+            try:
+                values.append(metrics.record_value(metric, self._measure({}, scaling, L, point, self.valid)))
+            except PosencError:
+                values.append(None)  # cannot run there: never chosen
+        chosen = tune.choose_point(values, metric, grid, f"{row} at {L}")
+        res = self._measure(rec, scaling, L, grid[chosen])
+        return {**res, "tuning": tune.tuning_record(self.valid_meta, metric, grid, values, chosen)}
+
+    def _measure(self, rec: dict, scaling: Optional[str], L: int, point: Optional[dict] = None,
+                 text: Optional[HFText] = None) -> dict:
+        """The numbers of row ``scaling`` (at grid point ``point``: its default None) on ``text`` (the scored one)."""
+        if scaling is None or scaling in hf_rope.SCALINGS:
+            return self._frequency_scaled(rec, scaling, L, point, text or self.text)
+        return self._rerouted(rec, scaling, L, point, text or self.text)
+
+    def _score(self, L: int, text: HFText, **kwargs) -> dict:
+        key = self.key_at.get(L) if text is self.text else None  # key tokens: of the scored text only
         with peak_memory(self.hf.device) as memory:
-            res = score_windows(lambda x, y: self.hf.nll(x, y, **kwargs), self.text.segments, L, self.scoring[L],
+            res = score_windows(lambda x, y: self.hf.nll(x, y, **kwargs), text.segments, L, self.scoring[L],
                                 show_progress=self.show_progress, device=self.hf.device,
-                                targets=Targets(self.text.token_bytes, self.text.target_mask, self.key_at.get(L)))
-        res["units"]["doc"] = unit_documents(self.text.target_docs, res["units"]["size"])  # as our models' units
+                                targets=Targets(text.token_bytes, text.target_mask, key))
+        res["units"]["doc"] = unit_documents(text.target_docs, res["units"]["size"])  # as our models' units
         return {**res, **memory}
 
-    def _same_as_base(self, rec: dict, L: int) -> dict:
-        rec["same_as"] = self.base  # the row computes what the unscaled model computes here: its numbers
+    def _same_as_base(self, rec: dict, L: int, text: HFText) -> Optional[dict]:
+        """The unscaled row's numbers at ``L`` where this row computes what it computes (None: score it)."""
+        if text is not self.text or L not in self.unscaled:
+            return None
+        rec["same_as"] = self.base
         return {**self.unscaled[L], "eval_time_s": 0.0, "peak_memory_bytes": None, "peak_memory_kind": None}
 
-    def _parameters(self, scaling: Optional[str], L: int) -> tuple[Optional[dict], int]:
-        """(rope_parameters of frequency scaling ``scaling`` at length ``L``, None unscaled; positions allowed)."""
+    def _parameters(self, scaling: Optional[str], L: int, point: Optional[dict] = None) -> tuple[Optional[dict], int]:
+        """(rope_parameters of frequency scaling ``scaling`` at length ``L``, at grid point ``point`` (its own
+        rope_parameters: YaRN's beta_fast and beta_slow), None unscaled; positions allowed)."""
         T = self.run["train_len"]
         factor = max(1.0, L / T)
-        return (None if scaling is None else scaling_parameters(self.hf.rope_parameters(), scaling, factor, T),
-                scaled_max_positions(scaling or "", factor, T))
+        params = None if scaling is None else scaling_parameters(self.hf.rope_parameters(), scaling, factor, T)
+        return (params if point is None else {**params, **point}), scaled_max_positions(scaling or "", factor, T)
 
-    def _frequency_scaled(self, rec: dict, scaling: Optional[str], L: int) -> dict:
-        params, positions = self._parameters(scaling, L)
+    def _frequency_scaled(self, rec: dict, scaling: Optional[str], L: int, point: Optional[dict], text: HFText) -> dict:
+        params, positions = self._parameters(scaling, L, point)
         rec["rope_parameters"] = params
         with self.hf.scaled(params, positions):
-            if scaling is not None and L in self.unscaled and self.hf.scaling_is_identity(L):
-                return self._same_as_base(rec, L)  # bit-identical frequencies
-            return self._score(L)
+            if scaling is not None and self.hf.scaling_is_identity(L) and (same := self._same_as_base(rec, L, text)):
+                return same  # bit-identical frequencies
+            return self._score(L, text)
 
-    def _rerouted(self, rec: dict, scaling: str, L: int) -> dict:
-        encoding = fix_encoding(self.hf, scaling, self.run["train_len"], L)
+    def _rerouted(self, rec: dict, scaling: str, L: int, point: Optional[dict], text: HFText) -> dict:
+        encoding = fix_encoding(self.hf, scaling, self.run["train_len"], L, point)
         rec["rerouted"] = hf_attention.describe(encoding)
-        if L in self.unscaled and hf_attention.is_plain_rope(encoding, L):
-            return self._same_as_base(rec, L)
+        if hf_attention.is_plain_rope(encoding, L) and (same := self._same_as_base(rec, L, text)):
+            return same
         with hf_attention.rerouted(self.hf.model, self.hf.rotary):
-            return self._score(L, posenc=hf_attention.Rerouted(encoding))
+            return self._score(L, text, posenc=hf_attention.Rerouted(encoding))
 
     def _evaluator_nll(self, length: int, stride: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """``key_tokens.target_nll`` of the key-token evaluator's row, scaled for ``length`` as when scored there."""
@@ -367,12 +363,12 @@ def _checkpoint_config(ckpt: checkpoint.Checkpoint, opts: EvalOptions) -> RunCon
     hf_only = [flag for flag, on in (("--long-docs", opts.long_docs), ("--unit", opts.unit is not None),
                                      ("--segment-len", opts.segment_len is not None),
                                      ("--doc-sep", opts.doc_sep != EvalOptions.doc_sep),
-                                     ("--key-tokens", opts.key_tokens is not None)) if on]
+                                     ("--key-tokens", opts.key_tokens is not None), ("--tune", opts.tune)) if on]
     if hf_only:
         raise ConfigError(f"{hf_only[0]} applies to Hugging Face models; a checkpoint is evaluated with its config's "
                           f"units (set eval.* in its config instead)")
-    if opts.split == "all":
-        raise ConfigError("--split all: a checkpoint of ours trained on its corpus's train split, and 'all' would score "
+    if opts.split.startswith("all"):
+        raise ConfigError(f"--split {opts.split}: a checkpoint of ours trained on its corpus's train split, and 'all' would score "
                           "that text with the rest; valid splits for a checkpoint: test, valid, train")
     if opts.precision not in (None, cfg.precision):
         raise ConfigError(f"--precision {opts.precision}: this checkpoint was trained and is evaluated at "

@@ -58,8 +58,15 @@ def points(cfg, row: Row, length: int) -> list[dict]:
     zero-shot, or with fewer than two points once the row's configured options are held."""
     if not row.eval_only:
         return []
-    options = row_options(cfg.model.encoding_options, row)
-    grid = row.cls.tuning_grid(cfg.train.train_len, window_length(cfg, length), options)
+    return grid_points(row, cfg.train.train_len, window_length(cfg, length),
+                       row_options(cfg.model.encoding_options, row))
+
+
+def grid_points(row: Row, train_len: int, window: int, options: dict) -> list[dict]:
+    """The grid of zero-shot ``row`` at windows of ``window`` tokens of a model trained at ``train_len``, with
+    its configured ``options`` held (dropped from every point, equal points merged); [] with fewer than two
+    points left. One rule for our models (``points``) and a pretrained one (``pretrained.eval_hf``'s rows)."""
+    grid = row.cls.tuning_grid(train_len, window, options)
     held = dict.fromkeys(tuple((k, v) for k, v in p.items() if k not in options) for p in grid)
     out = [dict(p) for p in held if p]
     return out if len(out) > 1 else []
@@ -81,6 +88,22 @@ def choose(values: list[Optional[float]], higher_is_better: bool) -> Optional[in
     return min(ranked)[1] if ranked else None
 
 
+def choose_point(values: list[Optional[float]], metric, grid: list[dict], what: str) -> int:
+    """``choose`` in ``metric``'s direction; refused (PositionOutOfRange) when no point of ``grid`` ran."""
+    chosen = choose(values, metric.higher_is_better)
+    if chosen is None:
+        raise PositionOutOfRange(f"{what} cannot run at any point of its tuning grid {grid}")
+    return chosen
+
+
+def tuning_record(valid: dict, metric, grid: list[dict], values: list[Optional[float]], chosen: int) -> dict:
+    """A tuned record's ``tuning`` (the module docstring's point 5); ``valid``: the split's meta (split, targets,
+    fingerprint)."""
+    return {"split": SPLIT, "valid": valid, "metric": metric.name, "higher_is_better": metric.higher_is_better,
+            "grid": grid, "values": values, "chosen": grid[chosen], "chosen_index": chosen,
+            "rule": "best valid value, the earliest point on a tie"}
+
+
 class Tuner:
     """The evaluation of one run's rows at each length: as ever, or, with ``eval.tune`` and a grid, the test
     split at the point chosen on the valid split (the module docstring). ``work``: the run's text or task
@@ -100,14 +123,9 @@ class Tuner:
         if not grid:
             return self.work.evaluate(model, length, self.rt)
         values = [self._valid_value(self.model_at(model, row, seed, p), length) for p in grid]
-        chosen = choose(values, self.metric.higher_is_better)
-        if chosen is None:
-            raise PositionOutOfRange(f"{row} cannot run at {length} at any point of its tuning grid {grid}")
+        chosen = choose_point(values, self.metric, grid, f"{row} at {length}")
         result = self.work.evaluate(self.model_at(model, row, seed, grid[chosen]), length, self.rt)
-        result["tuning"] = {"split": SPLIT, "valid": self.work.valid_meta(), "metric": self.metric.name,
-                            "higher_is_better": self.metric.higher_is_better, "grid": grid, "values": values,
-                            "chosen": grid[chosen], "chosen_index": chosen,
-                            "rule": "best valid value, the earliest point on a tie"}
+        result["tuning"] = tuning_record(self.work.valid_meta(), self.metric, grid, values, chosen)
         return result
 
     def _valid_value(self, model, length: int) -> Optional[float]:

@@ -447,3 +447,50 @@ def test_key_tokens_name_a_row_of_the_eval(llama_dir, tmp_path, capsys):
                  "--out", str(tmp_path / "o"), *EVAL]) == 2
     err = capsys.readouterr().err
     assert "the evaluator 'yarn' is not a row of this eval; valid: model, hf:tiny-llama" in err
+
+
+def test_tune_chooses_each_fix_on_valid_and_scores_the_split_at_the_choice(llama_dir, tmp_path, capsys):
+    """--tune: a row with a grid at a length is scored at the point with the lowest valid ppl (the earliest on a
+    tie), each point's valid value being what an untuned eval of that point on --split valid gives; rows and
+    lengths without a grid keep their untuned numbers and keys; the caption says what was chosen."""
+    argv = ["eval", "--model", f"hf:{llama_dir}", "--eval-lens", "1,2x", *EVAL, "--eval-tokens", "128",
+            "--rope-scaling", "yarn,rerope,selfextend,sink4+sw28,linear"]
+    runs = {}
+    for name, extra in (("tuned", ["--tune"]), ("test", []), ("valid", ["--split", "valid"])):
+        assert main([*argv, *extra, "--out", str(tmp_path / name)]) == 0
+        data = json.loads((tmp_path / name / "results.json").read_text())
+        runs[name] = {(r["encoding"].split("+", 1)[-1], r["eval_len"]): r for r in data["records"]}
+    tuned, test, valid = runs["tuned"], runs["test"], runs["valid"]
+    assert {k for k, r in tuned.items() if r.get("tuning")} == {("yarn", 64), ("rerope", 32), ("rerope", 64),
+                                                                ("selfextend", 64), ("sink4+sw28", 64)}
+    for key, rec in tuned.items():
+        t = rec.get("tuning")
+        if t is None:  # nothing to tune there: the untuned numbers; a row tuned at no length keeps its key
+            assert rec["ppl"] == test[key]["ppl"]
+            assert (rec["eval_key"] == test[key]["eval_key"]) == (key[0] in ("hf:tiny-llama", "linear"))
+            continue
+        assert rec["eval_key"] != test[key]["eval_key"] and t["split"] == "valid" and t["metric"] == "ppl"
+        assert t["values"][0] == pytest.approx(valid[key]["ppl"], rel=1e-6)  # the default point, on valid
+        best = min(v for v in t["values"] if v is not None)
+        assert t["chosen_index"] == t["values"].index(best) and t["chosen"] == t["grid"][t["chosen_index"]]
+        if t["chosen_index"] == 0:
+            assert rec["ppl"] == pytest.approx(test[key]["ppl"], rel=1e-6)
+        if key[0] == "sink4+sw28":  # the count is in the row's name: S' sinks and a window of 32 - S'
+            assert rec["rerouted"]["encoding"] == "rope+sink{sinks}+sw{window}".format(**t["chosen"])
+        else:
+            chosen_in_record = rec["rope_parameters"] if key[0] == "yarn" else rec["rerouted"]
+            assert all(chosen_in_record[k] == v for k, v in t["chosen"].items())
+    assert tuned["yarn", 64]["tuning"]["grid"][0] == {"beta_fast": 32.0, "beta_slow": 1.0}  # the authors' first
+    assert len(tuned["yarn", 64]["tuning"]["values"]) == len(tuned["yarn", 64]["tuning"]["grid"]) > 1
+    table = (tmp_path / "tuned" / "table.md").read_text()
+    assert "Tuned on the valid split" in table and "hf:tiny-llama+rerope window: 1x from" in table
+    assert main([*argv, "--tune", "--out", str(tmp_path / "tuned")]) == 0  # resumed: every row finished
+    assert capsys.readouterr().out.count("done before, skipped") == 6
+
+
+def test_tune_refuses_a_scored_split_that_holds_the_valid_documents(llama_dir, tmp_path, capsys):
+    assert main(["eval", "--model", f"hf:{llama_dir}", "--rope-scaling", "yarn", "--tune", "--split", "all",
+                 "--out", str(tmp_path / "o"), *EVAL]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--tune chooses on the valid split" in err and "test, train, all-but-valid" in err and "'all'" in err
+    assert "\n" not in err and not (tmp_path / "o").exists()
