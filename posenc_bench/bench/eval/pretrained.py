@@ -342,7 +342,8 @@ class _HFRows:
             return self._score(L, text, posenc=hf_attention.Rerouted(encoding))
 
     def _evaluator_nll(self, length: int, stride: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``key_tokens.target_nll`` of the key-token evaluator's row, scaled for ``length`` as when scored there."""
+        """``key_tokens.target_nll`` of the key-token evaluator's row, scaled for ``length`` as when scored there
+        (at its defaults, never a point ``--tune`` chose)."""
         scaling = self.scaling_of[self.keys.rule.evaluator]
         ours = scaling is not None and scaling not in hf_rope.SCALINGS  # a row rerouted through our encoding
         kwargs = {"posenc": hf_attention.Rerouted(fix_encoding(self.hf, scaling, self.run["train_len"], length))} if ours else {}
