@@ -208,7 +208,8 @@ def plot_ppl_vs_length(runs: Sequence[Run], out: Path, formats: Sequence[str] = 
                 xs, ys, below, above = zip(*pts)
                 means += ys
                 label = (f"{run.label}: {row}" if run.label else row) + (" (reference)" if row in refs else "")
-                if len(pts) < len({r["eval_len"] for r in run.data["records"]}):
+                if len(pts) < len({r["eval_len"] for r in run.data["records"]  # LongPPL has none at 1x
+                                   if metric.at_1x or r["eval_len"] != r["train_len"]}):
                     label += f" (to {xs[-1]})"
                 look = dict(REFERENCE) if row in refs else {**style(j - len(refs)), "linestyle": "-"}
                 if len(runs) > 1:
@@ -415,6 +416,12 @@ def plot_needle_heatmaps(result: dict, out: Path | str, formats: Sequence[str] =
     return paths
 
 
+def _measured(metric, runs: Sequence[Run]) -> bool:
+    """Whether any record of ``runs`` holds the per-unit fields ``metric`` is computed from: LongPPL's key-token
+    sums are in the folders that identified key tokens only, and the others get no LongPPL figure."""
+    return any(set(metric.units) <= set(r.get("units") or {}) for run in runs for r in run.data["records"])
+
+
 def plot_all(runs: Sequence[Run], out: Path | str, formats: Sequence[str] = FORMATS,
              log: Callable[[str], None] = print, rows: Optional[str] = None) -> list[Path]:
     """Every figure the runs support; figures that cannot be drawn are skipped with the reason logged.
@@ -428,7 +435,8 @@ def plot_all(runs: Sequence[Run], out: Path | str, formats: Sequence[str] = FORM
     out.mkdir(parents=True, exist_ok=True)
     kinds = {kind_of(run).name for run in runs}
     kind = kinds.pop() if len(kinds) == 1 else "ppl"  # a task run: exact match against size
-    paths = [p for m in metrics.of_kind(kind) if m.plot for p in plot_ppl_vs_length(runs, out, formats, chosen, m.name)]
+    paths = [p for m in metrics.of_kind(kind) if m.plot and _measured(m, runs)
+             for p in plot_ppl_vs_length(runs, out, formats, chosen, m.name)]
     for run in [r for r in runs if not is_task(r)]:  # a task's records have no loss by position
         suffix = f"-{run.label}" if run.label else ""
         paths += plot_loss_by_position(run, out, formats, stem=f"loss_by_position{suffix}", rows=chosen)

@@ -13,8 +13,8 @@ Lower is better; rows compare as a ratio (the same key tokens for every row: the
 train length no target has a longer context than a short one, so there are no key tokens. A unit with no key
 tokens adds nothing; a draw of the text with none has no value (NaN: left out of the interval); records
 without key-token fields (key tokens not identified, or at 1x) have no value. Not gated: the key set is a few
-percent of the targets, and the gate's tolerances were set on all of them. No figure yet: ``plot`` draws every
-metric that has one for every folder, and folders without key tokens would have none to draw.
+percent of the targets, and the gate's tolerances were set on all of them. Its figure (LongPPL against eval
+length, from 1.5x on) is drawn for the folders whose records hold key tokens; ``plot`` skips it elsewhere.
 
 ``key_share``: the share of the targets that are key tokens, the evaluator's and the text's, the same for every
 row (a row's table of it is the evaluator's), so it says how much of the text the LongPPL column rests on.
@@ -33,6 +33,10 @@ LONGPPL = register(Metric(
     units=("key_nll", "key_tokens"), formula=lambda s: np.exp(s["key_nll"] / s["key_tokens"]),
     at_1x=False,
     compare_title="LongPPL relative to {ref} at the same length (paired, on the same key tokens)",
+    plot=("Key-token perplexity (LongPPL) against eval length (the evaluator's key tokens, the same for every row; "
+          "none at the train length). Bands: each row's own {ci} interval, unpaired\n(the seeds' range where they "
+          "disagree on learning): the paired comparisons are `report --value longppl`'s", "LongPPL (lower is better)",
+          "longppl_vs_length"),
 ))
 
 KEY_SHARE = register(Metric(

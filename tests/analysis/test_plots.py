@@ -174,3 +174,30 @@ def test_without_intervals_a_line_is_the_mean_over_ok_seeds_with_its_std():
     pts = plots._mean_by_length(recs, "rope")
     assert pts[0][:2] == (100, 5.0) and pts[0][2] == pts[0][3] == pytest.approx(2 ** 0.5)
     assert pts[1] == (200, 8.0, 0.0, 0.0) and len(pts) == 2  # one ok seed: no spread; no ok seed: no point
+
+
+def test_longppl_is_drawn_where_the_records_hold_key_tokens_and_nowhere_else(tmp_path, monkeypatch):
+    """LongPPL's figure: a folder whose records past 1x carry key-token sums gets longppl_vs_length, its lines at
+    the lengths past 1x at the LongPPL of those sums (one seed here: exp(sum key_nll / sum key_tokens)); the
+    default folder, without key tokens, gets none (test_plot_cli_draws_every_figure...)."""
+    data = json.loads((ROOT / "results" / "default" / "results.json").read_text())
+    data["records"] = [r for r in data["records"] if r["seed"] == 0 and r["encoding"] in ("rope", "alibi")]
+    for r in data["records"]:
+        if r["status"] == "ok" and r["ratio"] > 1:  # a made-up key set: every 8th unit's NLL, at a tenth the count
+            r["units"]["key_nll"] = [v if i % 8 == 0 else 0.0 for i, v in enumerate(r["units"]["nll"])]
+            r["units"]["key_tokens"] = [t // 10 if i % 8 == 0 else 0 for i, t in enumerate(r["units"]["tokens"])]
+    folder = tmp_path / "keys"
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps(data))
+    out = tmp_path / "figs"
+    assert main(["plot", str(folder), "--out", str(out), "--formats", "png"]) == 0
+    assert_real_figure(out / "longppl_vs_length.png")
+    lines = []
+    monkeypatch.setattr(plots, "_line_with_band", lambda ax, xs, ys, below, above, label, look: lines.append((label, xs, ys)))
+    plots.plot_ppl_vs_length(load_runs([folder]), tmp_path, formats=["png"], value="longppl")
+    assert {label for label, _, _ in lines} == {"rope", "alibi"}
+    for label, xs, ys in lines:
+        assert xs == (192, 256, 512)  # not at 1x: no key tokens there
+        for L, y in zip(xs, ys):
+            u = next(r for r in data["records"] if r["encoding"] == label and r["eval_len"] == L)["units"]
+            assert y == pytest.approx(np.exp(sum(u["key_nll"]) / sum(u["key_tokens"])), rel=1e-9)
