@@ -113,6 +113,9 @@ class PositionTraits:
     # How ``+rand`` over this encoding evaluates by default: "random" positions, as Ruoss et al. 2023 do at
     # test time, or "ordered" (0 .. L-1) where the authors of the randomized recipe evaluate so (FIRE).
     randomized_eval: ClassVar[str] = "random"
+    # ``+rand``'s M over the train length where the authors of the randomized recipe for this encoding set their
+    # own (FIRE: mcleish7/arithmetic's 2); None: Ruoss et al.'s (``randomized.RATIO``).
+    randomized_range: ClassVar[Optional[float]] = None
     # True when the attention reads the layer's hidden states (``for_tokens``): FoX's forget gates.
     reads_tokens: ClassVar[bool] = False
     # A layer view's own sliding window (a hybrid's RoPE layers): the model plans that layer's attention with it

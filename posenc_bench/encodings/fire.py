@@ -196,6 +196,11 @@ class FIRE(Encoding):
     # fire+rand as mcleish7/arithmetic runs it: random positions in training only; evaluated at 0 .. L-1
     # (embeddings.py lines 455-464: max_length = seq_length when not training, so the draw is every position)
     randomized_eval = "ordered"
+    # and its M: the README's example, ``arch.attention.max_length=128`` ("setting this longer than the max
+    # sequence length gives some randomness"), over their additions' training sequences of 64 tokens (20 + 20
+    # digits, '+', '=', a 21-digit sum and EOS, padded to the longest: create_data_split.py bucket_method_gen
+    # and tokenize_and_save_dataset, shells/generate_and_tokenize_data.sh): 2 x the train length.
+    randomized_range = 2.0
 
     def __init__(self, *, d_model: int, n_heads: int, train_len: int, mlp_width: int = 32, threshold: float = 512.0,
                  c_init: float = 0.1) -> None:

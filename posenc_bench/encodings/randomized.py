@@ -26,7 +26,8 @@ draws them, which ``sampler: authors`` (the default) follows:
   model has no use for; it is not taken).
 - **M** (``noise_max_length``) is 2048 for training lengths up to 40 (``experiments/example.py``:
   ``'noise_max_length': 2048``, ``sequence_length`` 40): M defaults to that ratio, ceil(2048 / 40 x the train
-  length) (``RATIO``). Option ``max_position`` sets it.
+  length) (``RATIO``), or to the ratio the base's own randomized recipe sets (``Encoding.randomized_range``:
+  FIRE's, below). Option ``max_position`` sets it.
 - **At test time too** (``experiments/range_evaluation.py`` calls the same ``apply`` with a fresh rng per
   sub-batch; the maintainers confirm it in the repository's issue 1): ``eval_positions: random`` (the default)
   draws the positions of every layer for each eval length from a generator seeded by the row (its name), the
@@ -38,7 +39,10 @@ draws them, which ``sampler: authors`` (the default) follows:
 ``FIRE`` of ``cramming/architectures/embeddings.py`` lines 455-464 at commit 86022a5): one sorted draw per
 forward of each layer's FIRE module, shared by the batch, in training only; evaluation is at 0 .. L-1 (there
 ``max_length = seq_length`` when not training, so the permutation keeps every position). Its base declares
-that (``Encoding.randomized_eval``), so ``eval_positions`` defaults to ``ordered`` for it.
+that (``Encoding.randomized_eval``), so ``eval_positions`` defaults to ``ordered`` for it, and its M, 2 x the
+train length (``Encoding.randomized_range``: their README's ``max_length=128`` over 64-token additions; FIRE
+normalizes a distance by the query's position, so a model trained at Ruoss et al.'s 51 x and evaluated at
+0 .. L-1 reads distances it never trained on).
 
 ``sampler: per-sequence`` keeps this benchmark's earlier variant, documented here and nowhere the default: one
 sorted sample per sequence (positions (B, T)), the same positions in every layer, positions (not distances)
@@ -78,18 +82,21 @@ SAMPLERS = ("authors", "per-sequence")
 EVAL_POSITIONS = ("random", "ordered")  # the authors' sorted samples at test time, or 0 .. L-1
 
 
-def resolve_range(train_len: int, max_position: int, sampler: str = "authors") -> int:
-    """M: max_position, or the sampler's default multiple of the train length when it is 0."""
+def resolve_range(train_len: int, max_position: int, sampler: str = "authors", ratio: Optional[float] = None) -> int:
+    """M: max_position, or the sampler's default multiple of the train length when it is 0 (under the authors'
+    sampler: ``ratio``, the base's own, else ``RATIO``)."""
     if max_position < 0 or (max_position and max_position < train_len):
-        raise ValueError(f"max_position must be 0 (the default: {default_range_rule(sampler)}) or >= the train "
-                         f"length {train_len}, got {max_position}")
+        raise ValueError(f"max_position must be 0 (the default: {default_range_rule(sampler, ratio)}) or >= the "
+                         f"train length {train_len}, got {max_position}")
     if max_position:
         return max_position
-    return math.ceil(RATIO * train_len) if sampler == "authors" else PER_SEQUENCE_MULTIPLE * train_len
+    return math.ceil((ratio or RATIO) * train_len) if sampler == "authors" else PER_SEQUENCE_MULTIPLE * train_len
 
 
-def default_range_rule(sampler: str) -> str:
-    return "ceil(2048 / 40 x train length)" if sampler == "authors" else f"{PER_SEQUENCE_MULTIPLE} x train length"
+def default_range_rule(sampler: str, ratio: Optional[float] = None) -> str:
+    if sampler != "authors":
+        return f"{PER_SEQUENCE_MULTIPLE} x train length"
+    return f"ceil({ratio:g} x train length)" if ratio else "ceil(2048 / 40 x train length)"
 
 
 def sorted_sample(batch: int, length: int, high: int, generator: torch.Generator, low: int = 0) -> torch.Tensor:
@@ -127,7 +134,7 @@ class Randomized(Encoding):
         if sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {', '.join(SAMPLERS)}, got {sampler!r}")
         self.sampler = sampler
-        self.max_position = resolve_range(train_len, max_position, sampler)
+        self.max_position = resolve_range(train_len, max_position, sampler, self.base_cls.randomized_range)
         eval_positions = eval_positions or self.default_eval_positions(sampler)
         if eval_positions not in EVAL_POSITIONS:
             raise ValueError(f"eval_positions must be one of {', '.join(EVAL_POSITIONS)}, got {eval_positions!r}")
@@ -151,7 +158,8 @@ class Randomized(Encoding):
     def key_options(cls, train_len: int, options: dict) -> dict:
         sampler = options.get("sampler", "authors")
         resolved = {**cls.base_cls.key_options(train_len, options),
-                    "max_position": resolve_range(train_len, int(options.get("max_position", 0)), sampler)}
+                    "max_position": resolve_range(train_len, int(options.get("max_position", 0)), sampler,
+                                                  cls.base_cls.randomized_range)}
         return {**resolved, "sampler": sampler}
 
     @classmethod

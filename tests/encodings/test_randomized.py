@@ -88,8 +88,8 @@ def per_sequence(name: str) -> dict:
 def test_an_eval_batch_at_random_positions_equals_each_window_on_its_own(name, sampler):
     """The eval forward takes drawn positions on every path (bias, folded bias, rotations, embeddings), past
     the train length too, and a window's numbers do not depend on the batch it is in."""
-    model = DecoderLM(ModelConfig(d_model=32, n_layers=2, n_heads=4, encoding_options={
-        name: {"sampler": sampler, "eval_positions": "random"}}), name, 16, seed=0).eval()
+    model = DecoderLM(ModelConfig(d_model=32, n_layers=2, n_heads=4, encoding_options={  # M 64: fire+rand's is 2 x 16
+        name: {"sampler": sampler, "eval_positions": "random", "max_position": 64}}), name, 16, seed=0).eval()
     model.encoding.set_eval_length(48)
     x = torch.randint(0, 256, (3, 48))
     with torch.no_grad():
@@ -250,7 +250,7 @@ def test_fire_rand_is_evaluated_at_the_ordered_positions_as_mcleish7():
     with torch.no_grad():
         assert torch.equal(rand(x), plain(x))
     drawn_eval = DecoderLM(ModelConfig(d_model=32, n_layers=2, n_heads=4, encoding_options={
-        "fire+rand": {"eval_positions": "random"}}), "fire+rand", 16, seed=0).eval()
+        "fire+rand": {"eval_positions": "random", "max_position": 64}}), "fire+rand", 16, seed=0).eval()  # M >= 48
     assert encodings.get_class("fire+rand").eval_options({"eval_positions": "random"})["eval_positions"] == "random"
     drawn_eval.encoding.set_eval_length(48)
     with torch.no_grad():
@@ -327,3 +327,18 @@ def test_batched_positions_equal_each_sequence_on_its_own(name):
         together = model(x)
         for row in range(3):
             assert torch.allclose(model(x[row:row + 1]), together[row:row + 1], atol=1e-5), row
+
+
+def test_fire_rand_draws_from_mcleish7s_range_and_the_others_from_ruoss_et_als():
+    """M: 2 x the train length for fire+rand (mcleish7's README: max_length 128 over 64-token additions), the
+    ratio 2048 / 40 for every other +rand row (Ruoss et al.'s example.py); both in the cell key, and the error
+    for a range below the train length names the row's own default."""
+    fire, rope = encodings.get_class("fire+rand"), encodings.get_class("rope+rand")
+    assert fire.key_options(512, {})["max_position"] == 1024 and rope.key_options(512, {})["max_position"] == 26215
+    assert fire.key_options(28, {})["max_position"] == 56
+    assert fire.key_options(28, {"max_position": 1434})["max_position"] == 1434  # an explicit M is kept
+    assert fire(d_model=32, n_heads=4, train_len=16).max_position == 32
+    with pytest.raises(ValueError, match=r"the default: ceil\(2 x train length\)"):
+        fire(d_model=32, n_heads=4, train_len=16, max_position=8)
+    with pytest.raises(ValueError, match=r"the default: ceil\(2048 / 40 x train length\)"):
+        rope(d_model=32, n_heads=4, train_len=16, max_position=8)
