@@ -416,12 +416,6 @@ def plot_needle_heatmaps(result: dict, out: Path | str, formats: Sequence[str] =
     return paths
 
 
-def _measured(metric, runs: Sequence[Run]) -> bool:
-    """Whether any record of ``runs`` holds the per-unit fields ``metric`` is computed from: LongPPL's key-token
-    sums are in the folders that identified key tokens only, and the others get no LongPPL figure."""
-    return any(set(metric.units) <= set(r.get("units") or {}) for run in runs for r in run.data["records"])
-
-
 def plot_all(runs: Sequence[Run], out: Path | str, formats: Sequence[str] = FORMATS,
              log: Callable[[str], None] = print, rows: Optional[str] = None) -> list[Path]:
     """Every figure the runs support; figures that cannot be drawn are skipped with the reason logged.
@@ -435,7 +429,7 @@ def plot_all(runs: Sequence[Run], out: Path | str, formats: Sequence[str] = FORM
     out.mkdir(parents=True, exist_ok=True)
     kinds = {kind_of(run).name for run in runs}
     kind = kinds.pop() if len(kinds) == 1 else "ppl"  # a task run: exact match against size
-    paths = [p for m in metrics.of_kind(kind) if m.plot and _measured(m, runs)
+    paths = [p for m in metrics.of_kind(kind) if m.plot and m.held_by(r for run in runs for r in run.data["records"])
              for p in plot_ppl_vs_length(runs, out, formats, chosen, m.name)]
     for run in [r for r in runs if not is_task(r)]:  # a task's records have no loss by position
         suffix = f"-{run.label}" if run.label else ""

@@ -120,6 +120,14 @@ def scheme_of(base: type[Encoding]) -> str:
     return "distances" if base.distance_only else "layer"
 
 
+def draw_range(enc: "Randomized", length: int) -> int:
+    """The top of the range a draw of ``length`` positions of ``enc`` takes: M; in training, a window longer than
+    M draws from [0, T), every position (mcleish7's FIRE: "max length will be increased to max sequence length if
+    max length is short", embeddings.py line 456; Ruoss et al.'s M always exceeds their lengths). At random eval
+    a window past M is refused (``Randomized.set_eval_length``)."""
+    return max(enc.max_position, length) if enc.training else enc.max_position
+
+
 class Randomized(Encoding):
     """The wrapper: ``base`` holds the wrapped encoding; every hook is the base's, with the positions above."""
 
@@ -205,7 +213,7 @@ class Randomized(Encoding):
         if self.scheme == "sequence":
             return self._sequence_positions(batch, length, device, draw)
         if self.scheme == "forward" and self._drawn():  # (1, T): one draw, broadcast over the batch
-            return sorted_sample(1, length, self.max_position, self._generator(-1)).to(device)
+            return sorted_sample(1, length, draw_range(self, length), self._generator(-1)).to(device)
         return torch.arange(length, device=device)  # the per-layer views hold the drawn positions
 
     def _sequence_positions(self, batch: int, length: int, device: torch.device, draw: int) -> torch.Tensor:
@@ -219,7 +227,7 @@ class Randomized(Encoding):
             rows = [sorted_sample(1, length, self.max_position, self.eval_generator(int(w), length)) for w in windows]
             return torch.cat(rows).to(device)  # (B, T)
         generator = torch.Generator().manual_seed(self._seed + draw)
-        return sorted_sample(batch, length, self.max_position, generator).to(device)  # (B, T)
+        return sorted_sample(batch, length, draw_range(self, length), generator).to(device)  # (B, T)
 
     def for_layer(self, layer: int) -> Encoding:
         """Layer ``layer``'s view with its own draw (the authors' per-layer schemes, when drawn), else this."""
@@ -230,9 +238,9 @@ class Randomized(Encoding):
         _, length, device = self._forward
         generator = self._generator(layer)
         if self.scheme == "layer":  # (1, T) sorted positions from [0, M)
-            return LayerPositions(self, sorted_sample(1, length, self.max_position, generator).to(device))
+            return LayerPositions(self, sorted_sample(1, length, draw_range(self, length), generator).to(device))
         # s_0 = 0, then T - 1 sorted distances from [1, M)
-        drawn = sorted_sample(1, length - 1, self.max_position, generator, low=1)[0]
+        drawn = sorted_sample(1, length - 1, draw_range(self, length), generator, low=1)[0]
         return LayerDistances(self, torch.cat((drawn.new_zeros(1), drawn)).to(device))
 
     def set_eval_length(self, length: int) -> None:

@@ -111,6 +111,11 @@ class Metric:
         with np.errstate(divide="ignore", invalid="ignore"):
             return float(self.formula(sums)[0])
 
+    def held_by(self, records: Iterable[dict]) -> bool:
+        """Whether any of ``records`` holds the per-unit fields this metric is computed from: LongPPL's key-token
+        sums are in the runs that identified key tokens only (``plot`` draws no LongPPL figure elsewhere)."""
+        return any(set(self.units) <= set(r.get("units") or {}) for r in records)
+
 
 REGISTRY: dict[str, Metric] = {}
 KINDS: dict[str, Kind] = {}

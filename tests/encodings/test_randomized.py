@@ -342,3 +342,16 @@ def test_fire_rand_draws_from_mcleish7s_range_and_the_others_from_ruoss_et_als()
         fire(d_model=32, n_heads=4, train_len=16, max_position=8)
     with pytest.raises(ValueError, match=r"the default: ceil\(2048 / 40 x train length\)"):
         rope(d_model=32, n_heads=4, train_len=16, max_position=8)
+
+
+def test_a_training_window_longer_than_m_draws_every_position_as_mcleish7():
+    """embeddings.py: a sequence longer than max_length takes max_length = seq_length, so the draw is every
+    position; within M it is a draw; at random eval past M the row is refused (n/a)."""
+    enc = encodings.get_class("fire+rand")(d_model=32, n_heads=4, train_len=16).train()  # M = 32
+    enc.positions(1, 40, torch.device("cpu"))
+    assert torch.equal(enc.for_layer(0).pos.flatten(), torch.arange(40))
+    enc.positions(1, 20, torch.device("cpu"))
+    drawn = enc.for_layer(0).pos.flatten()
+    assert drawn.max() < 32 and not torch.equal(drawn, torch.arange(20))
+    with pytest.raises(PositionOutOfRange):
+        encodings.get_class("fire+rand")(d_model=32, n_heads=4, train_len=16, eval_positions="random").set_eval_length(40)

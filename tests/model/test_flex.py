@@ -40,6 +40,8 @@ def _encoding(name: str, sampler: str = "per-sequence") -> encodings.Encoding:
     options = dict(OPTIONS) if "fire" in name else {}
     if name.endswith("+rand"):
         options.update(sampler=sampler, eval_positions="random")
+        if "fire" in name:  # M >= T: fire+rand's default is 2 x TRAIN
+            options["max_position"] = 1024
     enc = encodings.build(name, d_model=H * D, n_heads=H, train_len=TRAIN, options=options).eval()
     enc.set_eval_length(T)
     return enc
