@@ -140,8 +140,14 @@ PAGES = [
               "folder's windows: absolute ppl compare with it, not with the current headline's"),
         Allow(("0.01", "0.16%", "0.27%"), r"first key", "the attention-sink probe (How it is made), " + NOT_COMMITTED),
         Allow(("3.7", "1.6", "0.75"), r"norm of e\[p\]", "CoPE's position table, read from the checkpoint"),
-        Allow(("0.363", "0.059", "0.047", "0.260", "0.206"), r"learned c = ",
+        Allow(("0.459", "0.069", "0.055", "0.282", "0.225"), r"learned c = ",
               "FIRE's learned parameters, read from the checkpoint, and the distances they give"),
+        Allow(("3.97", "6.21", "5.84", "12.67", "9.29", "5.71", "12.34", "5.09", "3.08", "x1.05", "3.12", "6.89",
+               "3.02", "3.0137", "3.0082", "3.0069"), r"\(from |, from \d",
+              "the folder's values before issue 53's rerun (the folder at 97d2c1e, in git history)"),
+        Allow(("3.961",), r"valid perplexity", "a tuned row's valid value (the record's tuning, in the caption)"),
+        Allow(("18.48", "3.35"), r"A probe on its checkpoint", "the fire+rand probe (its code is under How it is "
+              "made), " + NOT_COMMITTED),
     )),
     Page("results/smollm2/README.md", ("smollm2", "sotu-512-full", "sotu-512"), allow=(
         Allow(("7.59",), r"first attempt", "a first attempt of this run, at 949d769, " + NOT_COMMITTED),
