@@ -213,7 +213,8 @@ def eval_hf(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], None] = pri
 def fix_encoding(hf: HFModel, scaling: str, train_len: int, length: int, point: Optional[dict] = None):
     """Our encoding of the zero-shot fix ``scaling`` on ``hf``'s heads at ``length`` (at its tuning grid's
     ``point``: ``Encoding.tuned_row``; None: its defaults), for its attention to use."""
-    name, options = Row("rope").variant(scaling).cls.tuned_row(point) if point else (Row("rope").variant(scaling).encoding, {})
+    row = Row("rope").variant(scaling)
+    name, options = row.cls.tuned_row(point) if point else (row.encoding, {})
     encoding = hf_attention.build_encoding(name, hf.config, hf.rotary, train_len, **options)
     encoding.set_eval_length(length)
     return encoding
