@@ -363,6 +363,13 @@ class LayerDistances(LayerView):
         return pair_score_mod(lambda h, i, j: line[h, (i - j).clamp(0, last)], q_pos, k_pos)
 
 
+def _range_text(base: type[Encoding]) -> str:
+    """M as the listing states it: Ruoss et al.'s ratio, or the base's own randomized recipe's."""
+    if base.randomized_range is None:
+        return "2048/40 x train length"
+    return f"{base.randomized_range:g} x train length ({base.name}'s own randomized recipe)"
+
+
 def randomized_row(base: type[Encoding]) -> type[Randomized]:
     """The ``<base>+rand`` class: the base's options plus ``max_position``, ``sampler``, ``eval_positions`` and
     ``eval_seed`` (its __init__ signature says so, which is what ``encodings.build`` checks options against)."""
@@ -379,7 +386,7 @@ def randomized_row(base: type[Encoding]) -> type[Randomized]:
     name = f"{base.__name__}Rand"
     cls = type(name, (Randomized,), {
         "__init__": __init__, "__module__": __name__, "base_cls": base,
-        "summary": f"{base.name} trained on sorted random positions from [0, M), M = 2048/40 x train length, "
+        "summary": f"{base.name} trained on sorted random positions from [0, M), M = {_range_text(base)}, "
                    f"as the authors' code draws them (claim: algorithmic tasks); Ruoss et al. 2023",
         "paper": f"Ruoss et al., ACL 2023 (arXiv:2305.16843), over {base.paper}",
         "has_bias": base.has_bias, "has_low_rank_bias": base.has_low_rank_bias, "has_distance_bias": base.has_distance_bias,
