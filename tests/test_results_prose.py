@@ -117,10 +117,12 @@ PAGES = [
         Allow(("13.77", "x6.0"), r"Without any\s+scale", "a sinusoidal model without any scale, " + NOT_COMMITTED),
     )),
     Page("results/full/README.md", ("full", "default"), allow=(
-        Allow(("8.46", "9.68", "11.33", "12.00", "6.20", "8.07", "17.85", "5.16", "1.06", "5.03", "5.64", "4.75",
+        Allow(("8.46", "9.68", "11.33", "12.00", "8.07", "17.85", "5.16", "1.06", "5.03", "5.64", "4.75",
                "4.71", "4.744", "7.610"), r"from \d|from 5\.64|\(from|at 4x \(from|before \(L from 32\)|"
               r"used before|against 4\.744",
               "the folder's values before issue 53's rerun (the folder at e4cf4e6, in git history)"),
+        Allow(("12.28", "13.49"), r"At 100aa5f it drew",
+              "fire+rand at Ruoss et al.'s M, before its rerun at mcleish7's (the folder at 100aa5f, in git history)"),
         Allow(("0.004", "0.001", "0.011", "0.017", "0.014", "0.006", "0.043"), r"attention that the trained|keys 0-3",
               "the attention-sink probe (its code follows the paragraph), " + NOT_COMMITTED),
     )),
