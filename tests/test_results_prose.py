@@ -165,6 +165,8 @@ PAGES = [
               r"per-sequence sampler|as at bb08c21|0\.949|authors' sampler both",
               "the folders' values before their rerun under the authors' sampler, in git history"),
         Allow(("0.072",), r"A probe of kerple\+rand", "a probe at M = 136, " + NOT_COMMITTED),
+        Allow(("0.348",), r"per-sequence sampler|\(from 0\.348\)",
+              "copy-full's fire+rand at Ruoss et al.'s M (the folder at cb088b6, in git history)"),
     )),
     Page("results/robustness/README.md", ROBUSTNESS, robustness=True, skip_columns=(
         ("x bytes/small", "the plan's step-time probe"), ("2 seeds, core-hours", "the plan's estimate"),
