@@ -364,10 +364,9 @@ class LayerDistances(LayerView):
 
 
 def _range_text(base: type[Encoding]) -> str:
-    """M as the listing states it: Ruoss et al.'s ratio, or the base's own randomized recipe's."""
-    if base.randomized_range is None:
-        return "2048/40 x train length"
-    return f"{base.randomized_range:g} x train length ({base.name}'s own randomized recipe)"
+    """M as the listing states it: the default rule, and whose ratio it is."""
+    whose = "Ruoss et al.'s ratio" if base.randomized_range is None else f"{base.name}'s own randomized recipe"
+    return f"{default_range_rule('authors', base.randomized_range)} ({whose})"
 
 
 def randomized_row(base: type[Encoding]) -> type[Randomized]:

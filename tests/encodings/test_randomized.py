@@ -342,8 +342,8 @@ def test_fire_rand_draws_from_mcleish7s_range_and_the_others_from_ruoss_et_als()
         fire(d_model=32, n_heads=4, train_len=16, max_position=8)
     with pytest.raises(ValueError, match=r"the default: ceil\(2048 / 40 x train length\)"):
         rope(d_model=32, n_heads=4, train_len=16, max_position=8)
-    assert "M = 2 x train length (fire's own" in fire.summary  # what `posenc-bench list` says
-    assert "M = 2048/40 x train length," in rope.summary
+    assert "M = ceil(2 x train length) (fire's own" in fire.summary  # what `posenc-bench list` says
+    assert "M = ceil(2048 / 40 x train length) (Ruoss et al.'s ratio)," in rope.summary
 
 
 def test_a_training_window_longer_than_m_draws_every_position_as_mcleish7():

@@ -305,15 +305,14 @@ def run_timing(tc: TimingConfig, log: Callable[[str], None] = print) -> dict:
         rows += generation_rows(tc, device, int(length), log)
     for length in tc.lengths if "attention" in todo else []:
         rows += attention_rows(tc, device, dtype, int(length), log, names)
-    trained = [n for n in names if n != "learned"]
-    if "memory" in todo:
+    if "memory" in todo:  # a row that cannot run at 4x (a learned table) is n/a there, as in a sweep
         fixes = rope_fixes(eval_memory.TRAIN_LEN) if "rope" in names else []
-        rows += eval_memory.memory_rows(device, trained + fixes, FUSED, log, precision=tc.precision)
+        rows += eval_memory.memory_rows(device, names + fixes, FUSED, log, precision=tc.precision)
     if "bias-memory" in todo:
         rows += eval_memory.memory_rows(device, [FUSED] + bias_encodings(names), FUSED, log, train_len=tc.train_len,
                                         length=tc.eval_len or 4 * tc.train_len, batch=tc.eval_batch, precision=tc.precision)
     if "training" in todo:
-        rows += training_rows(tc, device, log, trained, peak)
+        rows += training_rows(tc, device, log, names, peak)
         log(f"  MFU: {peak_source}; FLOPs a step: {mfu.FLOP_COUNT}")
     llama = llama_long = None
     if "llama" in todo:
