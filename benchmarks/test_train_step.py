@@ -11,19 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from posenc_bench import encodings
-from posenc_bench.errors import PositionOutOfRange
 from posenc_bench.model.transformer import DecoderLM, ModelConfig
 
 TRAINED = [n for n in encodings.available() if encodings.get_class(n).trained_as is None]
-
-
-def runs_at(name: str, length: int) -> bool:
-    """Whether ``name`` evaluates windows of ``length`` tokens when trained at 128 (a learned table does not)."""
-    try:
-        encodings.build(name, d_model=32, n_heads=4, train_len=128).set_eval_length(length)
-    except PositionOutOfRange:
-        return False
-    return True
 
 
 @pytest.mark.parametrize("length", [128, 512])
@@ -47,7 +37,7 @@ def test_train_step(benchmark, name, length, fast):
     assert loss == loss  # finite
 
 
-@pytest.mark.parametrize("name", [n for n in TRAINED if runs_at(n, 512)])
+@pytest.mark.parametrize("name", [n for n in TRAINED if not encodings.out_of_range(n, 128, 512)])
 def test_eval_forward_at_4x(benchmark, name, fast):
     benchmark.group = "eval forward, T=512 (4x of 128)"
     cfg = ModelConfig(d_model=32, n_layers=1, n_heads=4) if fast else ModelConfig()

@@ -6,8 +6,8 @@ reads its capability flags; it never looks at an encoding's name.
 """
 
 from posenc_bench.encodings.base import FAMILIES, INIT_STD, Encoding, consecutive_start
-from posenc_bench.encodings.registry import (REGISTRY, available, build, family, get_class, register, register_pattern,
-                                             trained, variants)
+from posenc_bench.encodings.registry import (REGISTRY, available, build, family, get_class, out_of_range, register,
+                                             register_pattern, trained, variants)
 
 __all__ = ["FAMILIES", "INIT_STD", "REGISTRY", "Encoding", "available", "build", "consecutive_start", "family",
-           "get_class", "register", "register_pattern", "trained", "variants"]
+           "get_class", "out_of_range", "register", "register_pattern", "trained", "variants"]

@@ -14,7 +14,7 @@ import inspect
 from typing import Callable, Iterable, Optional
 
 from posenc_bench.encodings.base import FAMILIES, Encoding
-from posenc_bench.errors import ConfigError, UnknownEncodingError
+from posenc_bench.errors import ConfigError, PositionOutOfRange, UnknownEncodingError
 from posenc_bench.values import yaml_number
 
 REGISTRY: dict[str, type[Encoding]] = {}
@@ -140,3 +140,14 @@ def build(name: str, *, d_model: int, n_heads: int, train_len: int, n_layers: in
             raise ConfigError(f"option {key!r} of encoding {name!r} must be a number, got {value!r}") from None
     shape = {"n_layers": n_layers} if "n_layers" in params else {}
     return cls(d_model=d_model, n_heads=n_heads, train_len=train_len, **shape, **options)
+
+
+def out_of_range(name: str, train_len: int, length: int) -> str:
+    """Why row ``name`` trained at ``train_len`` cannot evaluate windows of ``length`` tokens (its own
+    ``set_eval_length`` refuses: a learned table past its rows, e.g. ``learned+ssmax``), "" where it can: what a
+    sweep records as n/a. A position range does not depend on the width, so a small shape is built."""
+    try:
+        build(name, d_model=32, n_heads=4, train_len=train_len).set_eval_length(length)
+    except PositionOutOfRange as e:
+        return str(e)
+    return ""

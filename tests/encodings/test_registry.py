@@ -194,3 +194,15 @@ def test_listing_order_does_not_depend_on_import_order():
         "cope,fox,path,stickbreaking,nope,sinusoidal+rand,learned+rand,rope+rand,rope-partial+rand,xpos+rand,"
         "alibi+rand,kerple+rand,kerple-power+rand,fire+rand,sinusoidal+ssmax,learned+ssmax,rope+ssmax,"
         "rope-partial+ssmax,xpos+ssmax,nope+ssmax")
+
+
+def test_out_of_range_is_the_rows_own_refusal():
+    """What a sweep records as n/a, asked of the row itself: a learned table has no rows past the train
+    length, ``+rand`` widens it to its range M, a relative row runs at any length."""
+    assert "no position 128 or later" in encodings.out_of_range("learned+ssmax", 128, 512)
+    assert "no position 128 or later" in encodings.out_of_range("learned", 128, 512)
+    assert encodings.out_of_range("learned", 128, 128) == ""
+    assert encodings.out_of_range("learned+rand", 128, 512) == ""
+    assert encodings.out_of_range("rope", 128, 512) == encodings.out_of_range("fire", 128, 4096) == ""
+    with pytest.raises(UnknownEncodingError):
+        encodings.out_of_range("no-such-row", 128, 512)

@@ -25,7 +25,6 @@ import torch.nn.functional as F
 
 from posenc_bench import encodings
 from posenc_bench.env import precision_dtype, process_memory, reset_peak_rss
-from posenc_bench.errors import PositionOutOfRange
 from posenc_bench.model.transformer import DecoderLM, ModelConfig
 from posenc_bench.values import TRAIN_PRECISIONS
 
@@ -141,19 +140,6 @@ def _peaks(spec: dict, device: torch.device) -> list[Optional[int]]:
     return json.loads(proc.stdout.strip().splitlines()[-1])["peaks"]
 
 
-def out_of_range(name: str, train_len: int, length: int) -> str:
-    """Why row ``name`` trained at ``train_len`` cannot evaluate windows of ``length`` tokens (its own
-    ``set_eval_length`` refuses: a learned table past its rows, e.g. ``learned+ssmax``), "" where it can: the
-    sweep's n/a, which has no memory to measure."""
-    cfg = ModelConfig()
-    try:
-        encodings.build(name, d_model=cfg.d_model, n_heads=cfg.n_heads, train_len=train_len,
-                        n_layers=cfg.n_layers).set_eval_length(length)
-    except PositionOutOfRange as e:
-        return str(e)
-    return ""
-
-
 def eval_peak_memory(name: str, device: torch.device, train_len: int, length: int, batch: int,
                      precision: str = "fp32") -> Optional[int]:
     """Extra memory of one eval forward of the default model at ``length`` (see the module docstring); None
@@ -181,7 +167,7 @@ def memory_rows(device: torch.device, names: list[str], reference: str, log: Cal
     batch = batch or max(1, BATCH_TOKENS // length)
     rows, base = [], None
     for name in sorted(names, key=lambda n: n != reference):
-        if why := out_of_range(name, train_len, length):
+        if why := encodings.out_of_range(name, train_len, length):
             log(f"  memory {name:<12} L={length:<6} n/a: {why}")
             continue
         peak = eval_peak_memory(name, device, train_len, length, batch, precision)

@@ -45,10 +45,6 @@ def test_memory_rows_are_ratios_to_the_reference_measured_first(monkeypatch):
 def test_a_row_that_cannot_run_at_the_length_is_na_not_a_failure(monkeypatch):
     """A learned table has no rows past the train length (``learned``, ``learned+ssmax``): the memory rows
     leave it out, as a sweep marks it n/a, instead of the fresh process failing the whole timing run."""
-    assert "no position 128 or later" in eval_memory.out_of_range("learned+ssmax", 128, 512)
-    assert eval_memory.out_of_range("learned", 128, 128) == ""
-    assert eval_memory.out_of_range("learned+rand", 128, 512) == ""  # its table holds the range M
-    assert eval_memory.out_of_range("rope", 128, 512) == ""
     seen, lines = [], []
     monkeypatch.setattr(eval_memory, "eval_peak_memory", lambda name, *a: seen.append(name) or 1 << 20)
     rows = memory_rows(torch.device("cpu"), ["learned+ssmax", "nope", "learned", "rope"], "nope", lines.append)
