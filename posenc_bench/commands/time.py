@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 from posenc_bench.commands.cli import add_device, add_precision
 from posenc_bench.errors import PosencError
@@ -45,7 +47,8 @@ def _names(value) -> list:
 
 
 def cmd(args: argparse.Namespace) -> int:
-    from posenc_bench.bench.timing.suite import TimingConfig, markdown, run_timing, write_outputs
+    from posenc_bench.bench.timing.suite import (PARTIAL, TimingConfig, keep_partial, markdown, run_timing,
+                                                 write_outputs)
 
     try:
         lengths = [int(v) for v in args.lengths.split(",") if v.strip()]
@@ -57,7 +60,13 @@ def cmd(args: argparse.Namespace) -> int:
                       application=not args.generation_only, training=not args.generation_only and not args.no_train,
                       encodings=_names(args.encodings) or None, skip=_names(args.skip), eval_len=args.eval_len,
                       eval_batch=args.eval_batch, peak_tflops=args.peak_tflops)
-    result = run_timing(tc)
+    try:
+        result = run_timing(tc, keep=keep_partial(args.out))
+    except BaseException:  # the parts measured before a failure or ^C stay in the partial file: say where
+        if (Path(args.out) / PARTIAL).exists():
+            print(f"the parts measured before the stop are in {Path(args.out) / PARTIAL}",
+                  file=sys.stderr)
+        raise
     out = write_outputs(result, args.out)
     print()
     print(markdown(result).rstrip())

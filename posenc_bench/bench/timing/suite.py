@@ -284,7 +284,10 @@ def clock_note(result: dict) -> Optional[str]:
 
 # ---- the run --------------------------------------------------------------------------------------------
 
-def run_timing(tc: TimingConfig, log: Callable[[str], None] = print) -> dict:
+def run_timing(tc: TimingConfig, log: Callable[[str], None] = print,
+               keep: Callable[[dict], None] = lambda result: None) -> dict:
+    """Every part of ``tc`` in turn; ``keep`` is given the result so far after each part (the command writes it
+    to timing.partial.json, so an hour of measurements survives a failure or an interrupt in a later part)."""
     dtype = precision_dtype(tc.precision, TRAIN_PRECISIONS)  # ConfigError naming the valid ones
     todo, names = parts(tc), timed_encodings(tc)
     if tc.peak_tflops is not None and tc.peak_tflops <= 0:
@@ -301,28 +304,32 @@ def run_timing(tc: TimingConfig, log: Callable[[str], None] = print) -> dict:
         f"timer resolution {seconds(info['timer_resolution_s'])}")
     peak, peak_source = mfu.peak_flops(info.get("gpu"), tc.precision, tc.peak_tflops)
     rows: list[dict] = []
+    result = {"schema_version": 1, "config": asdict(tc), "machine": info, "commit": git_commit(),
+              "rows": rows, "versus_llama": None, "versus_llama_long": None,
+              "mfu": {"peak_flops": peak, "peak": peak_source, "flop_count": mfu.FLOP_COUNT}}
     for length in tc.lengths if "generation" in todo else []:
         rows += generation_rows(tc, device, int(length), log)
+        keep(result)
     for length in tc.lengths if "attention" in todo else []:
         rows += attention_rows(tc, device, dtype, int(length), log, names)
+        keep(result)
     if "memory" in todo:  # a row that cannot run at 4x (a learned table) is n/a there, as in a sweep
         fixes = rope_fixes(eval_memory.TRAIN_LEN) if "rope" in names else []
         rows += eval_memory.memory_rows(device, names + fixes, FUSED, log, precision=tc.precision)
+        keep(result)
     if "bias-memory" in todo:
         rows += eval_memory.memory_rows(device, [FUSED] + bias_encodings(names), FUSED, log, train_len=tc.train_len,
                                         length=tc.eval_len or 4 * tc.train_len, batch=tc.eval_batch, precision=tc.precision)
+        keep(result)
     if "training" in todo:
         rows += training_rows(tc, device, log, names, peak)
         log(f"  MFU: {peak_source}; FLOPs a step: {mfu.FLOP_COUNT}")
-    llama = llama_long = None
+        keep(result)
     if "llama" in todo:
-        llama = versus_llama(device, log)  # the default run's shape, batch 32 x 128
+        result["versus_llama"] = versus_llama(device, log)  # the default run's shape, batch 32 x 128
         # and the forward+backward rows' shape, where attention is most of a step
-        llama_long = versus_llama(device, log, train_len=tc.train_len, batch=max(1, tc.train_tokens // tc.train_len),
-                                  rounds=5)
-    result = {"schema_version": 1, "config": asdict(tc), "machine": info, "commit": git_commit(),
-              "rows": rows, "versus_llama": llama, "versus_llama_long": llama_long,
-              "mfu": {"peak_flops": peak, "peak": peak_source, "flop_count": mfu.FLOP_COUNT}}
+        result["versus_llama_long"] = versus_llama(device, log, train_len=tc.train_len, rounds=5,
+                                                   batch=max(1, tc.train_tokens // tc.train_len))
     if note := clock_note(result):
         log(f"warning: {note}")
     return result
@@ -391,7 +398,16 @@ def markdown(result: dict) -> str:
     return text
 
 
+PARTIAL = "timing.partial.json"  # the parts measured so far, while a run is under way (run_timing's ``keep``)
+
+
+def keep_partial(out: Path | str) -> Callable[[dict], None]:
+    """``run_timing``'s ``keep`` for output folder ``out``: the result so far, written atomically to PARTIAL."""
+    return lambda result: atomic_write_json(Path(out) / PARTIAL, result)
+
+
 def write_outputs(result: dict, out: Path | str) -> Path:
+    """timing.json, timing.csv and timing.md of a finished run into ``out``; its partial file goes."""
     out = Path(out)
     atomic_write_json(out / "timing.json", result)
     rows = table_rows(result)
@@ -401,4 +417,5 @@ def write_outputs(result: dict, out: Path | str) -> Path:
     writer.writerows(rows)
     atomic_write_text(out / "timing.csv", buf.getvalue())
     atomic_write_text(out / "timing.md", markdown(result))
+    (out / PARTIAL).unlink(missing_ok=True)
     return out

@@ -146,6 +146,29 @@ def test_time_reports_training_peak_memory_throughput_and_the_bias_rows_eval_pea
     assert "MFU: no MFU on the CPU" in capsys.readouterr().out
 
 
+def test_a_failure_in_a_later_part_keeps_the_parts_measured_before_it(tmp_path, monkeypatch, capsys):
+    """An hour of attention rows is not lost to a failure in the memory part: each finished part is written to
+    timing.partial.json as it ends; a finished run writes timing.json and removes the partial file."""
+    from posenc_bench.bench.eval import memory as eval_memory
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("the peak-memory forward of 'x' failed")
+
+    monkeypatch.setattr(eval_memory, "memory_rows", fail)
+    argv = ["time", "--lengths", "64", "--d-model", "32", "--head-dim", "16", "--min-run-time", "0.001",
+            "--skip", "generation,bias-memory,training,llama", "--encodings", "rope", "--out", str(tmp_path)]
+    with pytest.raises(RuntimeError, match="peak-memory forward of 'x'"):
+        main(argv)
+    assert "the parts measured before the stop are in" in capsys.readouterr().err
+    partial = json.loads((tmp_path / "timing.partial.json").read_text())
+    assert [r["encoding"] for r in partial["rows"]] == ["nope", "rope", *rope_fixes(16)]
+    assert all(r["part"] == "attention forward" and r["median_s"] > 0 for r in partial["rows"])
+    assert not (tmp_path / "timing.json").exists()
+    monkeypatch.undo()
+    assert main([*argv, "--skip", "generation,memory,bias-memory,training,llama"]) == 0  # the last --skip holds
+    assert (tmp_path / "timing.json").exists() and not (tmp_path / "timing.partial.json").exists()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
 def test_cuda_training_rows_have_mfu_against_the_given_peak():
     tc = TimingConfig(device="cuda", lengths=[128], d_model=64, head_dim=16, min_run_time=0.01, train_min_run_time=0.01,
