@@ -32,11 +32,12 @@ authors' code has it (fla-org/flash-linear-attention at commit bc3b101dcb713ddc5
 
 Here: each layer has its own W_down, W_up, conv, b, c (``for_layer``), parameters of shape (n_layers, ...) drawn
 from the encoding's own seed stream as every encoding's are; the layer's view for a forward
-(``for_tokens``) holds w (B, H, T, D) and beta (B, H, T) of its hidden states, and its ``attention_logits``
+(``for_tokens``) holds w (B, H, T, D) and beta (B, H, T) of its hidden states (and, made once per forward for
+every query chunk, each block's product below), and its ``attention_logits``
 computes each query chunk's logits exactly (``householder_logits``): the tokens in blocks of ``BLOCK``; keys
 carried to their block's end and queries back to their block's start one H at a time inside the block, the
 block's product H_a ... H_{a+L-1} (D x D, per block, not per pair) carrying the queries back across whole
-blocks, O(T^2 D (1 + D / BLOCK)) per head and 3 BLOCK + T / BLOCK Python steps per chunk, never a product per
+blocks, O(T^2 D (1 + D / BLOCK)) per head and 2 BLOCK + T / BLOCK Python steps per chunk, never a product per
 pair (the authors' naive reference does the same with a UT transform per chunk of 64). A sink row
 (``path+sink<S>+sw<W>``) applies the H of every token between a sink and the query, as the authors' cache
 would (each cached key updated by every arriving token). The authors' Triton kernels are a faster route to the
@@ -65,7 +66,7 @@ W_RANK = 32
 CONV_SIZE = 3
 # The eps inside the authors' l2 norm of w (``fla/modules/l2norm.py``): w / sqrt(|w|^2 + eps).
 L2_EPS = 1e-6
-# Tokens per block of ``householder_logits``: Python steps per chunk ~ 3 BLOCK + T / BLOCK.
+# Tokens per block of ``householder_logits``: Python steps per chunk ~ 2 BLOCK + T / BLOCK.
 BLOCK = 16
 
 
@@ -102,16 +103,18 @@ class PaTHAttention(TokenReading):
         beta = 2 * torch.sigmoid(x @ self.beta_weight[layer].to(dtype).T + self.beta_bias[layer].to(dtype))  # (B, T, H)
         return w.transpose(1, 2), beta.transpose(1, 2)  # (B, H, T, D), (B, H, T)
 
-    def read(self, x: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.householder(x, layer)
+    def read(self, x: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """w, beta and the forward's cache of block products (``householder_logits``: one set per forward, not
+        one per query chunk)."""
+        return (*self.householder(x, layer), {})
 
-    def logits_of(self, state: tuple[torch.Tensor, torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+    def logits_of(self, state: tuple[torch.Tensor, torch.Tensor, dict], q: torch.Tensor, k: torch.Tensor,
                   q_pos: torch.Tensor, k_pos: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
         if q_pos.dim() != 1 or k_pos.dim() != 1:
             raise ValueError(f"PaTH reads token indices: positions must be (q,) and (k,), got {tuple(q_pos.shape)} "
                              f"and {tuple(k_pos.shape)} (per-sequence positions, e.g. +rand, cannot wrap it)")
-        w, beta = state
-        return householder_logits(q, k, w, beta, q_pos, k_pos, BLOCK).float() * scale + mask
+        w, beta, products = state
+        return householder_logits(q, k, w, beta, q_pos, k_pos, BLOCK, products).float() * scale + mask
 
 
 def _reflect(x: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, rows: Optional[torch.Tensor] = None
@@ -123,12 +126,38 @@ def _reflect(x: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, rows: Optiona
     return x - coef[..., None] * w[..., None, :]
 
 
+def block_products(w: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """Each block's product H_a H_{a+1} ... H_{a+L-1} (row-wise: P H_r), (B, H, n, D, D), from the blocks' w
+    (B, H, n, L, D) and beta (B, H, n, L)."""
+    D = w.shape[-1]
+    product = torch.eye(D, dtype=w.dtype, device=w.device).expand(*w.shape[:3], D, D)
+    for r in range(w.shape[3]):
+        product = _reflect(product, w[:, :, :, r], beta[:, :, :, r])
+    return product
+
+
+def _window_products(w: torch.Tensor, beta: torch.Tensor, block: int, dtype: torch.dtype,
+                     cache: dict) -> torch.Tensor:
+    """``block_products`` of every block of the whole window (blocks from token 0; the last padded with H = I),
+    computed once per forward into ``cache``: they read w and beta alone, the same for every query chunk."""
+    if (block, dtype) not in cache:
+        B, H, T, D = w.shape
+        n = -(-T // block)
+        w_b = F.pad(w.to(dtype), (0, 0, 0, n * block - T)).view(B, H, n, block, D)
+        beta_b = F.pad(beta.to(dtype), (0, n * block - T)).view(B, H, n, block)
+        cache[block, dtype] = block_products(w_b, beta_b)
+    return cache[block, dtype]
+
+
 def householder_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,
-                       q_pos: torch.Tensor, k_pos: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
+                       q_pos: torch.Tensor, k_pos: torch.Tensor, block: int = BLOCK,
+                       cache: Optional[dict] = None) -> torch.Tensor:
     """Logits q_i^T H_i ... H_{j+1} k_j (B, H, q, k), unscaled, of one query chunk: q (B, H, q, D) at token
     indices q_pos (q,) (consecutive), k (B, H, k, D) at token indices k_pos (k,) (ascending, below the chunk's
     end), from w (B, H, T, D) and beta (B, H, T) of the whole window. Entries of keys after their query are
-    finite and meaningless (the mask hides them)."""
+    finite and meaningless (the mask hides them). ``cache``: the forward's (``read``), where the whole window's
+    block products are made once for all its query chunks (else each chunk makes its range's: work growing with
+    T per chunk, and the chunks' count with T^2 at a fixed mask budget)."""
     B, H, _, D = q.shape
     L, T = block, w.shape[2]
     first = int(k_pos.min()) // L * L  # the first token of the first key's block
@@ -147,10 +176,15 @@ def householder_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: 
     queries = q.new_zeros(B, H, span, D, dtype=dtype).index_copy(2, q_pos - first, q.to(dtype))
     queries = queries.view(B, H, nb, L, D)[:, :, bq0:]  # (B, H, nq, L, D)
     offset = torch.arange(L, device=q.device)
-    carried, product = keys, torch.eye(D, dtype=dtype, device=q.device).expand(B, H, nb, D, D)
-    for r in range(L):  # key j -> H_{end} ... H_{j+1} k_j; product -> H_a H_{a+1} ... H_{a+L-1} (row-wise: P H_r)
+    carried = keys
+    for r in range(L):  # key j -> H_{end} ... H_{j+1} k_j
         carried = _reflect(carried, w_r[:, :, :, r], beta_r[:, :, :, r], offset < r)
-        product = _reflect(product, w_r[:, :, :, r], beta_r[:, :, :, r])
+    # each block's H_a ... H_{a+L-1}: (B, H, nb, D, D); only blocks before the last query block are read, whole
+    # in both (the range's last block is cut at the chunk's end, the window's is not: that block is never read)
+    if cache is None:
+        product = block_products(w_r, beta_r)
+    else:
+        product = _window_products(w, beta, L, dtype, cache)[:, :, first // L:first // L + nb]
     # within each query block, keys in descending order: the query as key s sees it is H_{s+1} ... H_i q_i
     u, wq, bq = queries, w_r[:, :, bq0:], beta_r[:, :, bq0:]
     cols = []

@@ -98,6 +98,27 @@ def test_whole_model_equals_path_attention_pair_by_pair(row, window, chunked, si
     assert (got - want).abs().max() < 1e-5
 
 
+def test_block_products_are_made_once_per_forward_not_once_per_query_chunk(monkeypatch):
+    """In query chunks of 2-3 rows the blocks' products are made once per layer and forward (from w and beta of
+    the whole window), and the logits are those of each chunk making its own range's products."""
+    from posenc_bench.encodings import path
+
+    model = path_model(max_mask_bytes=4 * 4 * 20 * 8 * 3).double()
+    idx = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(3))
+    made = []
+    real = path.block_products
+    monkeypatch.setattr(path, "block_products", lambda w, beta: made.append(w.shape) or real(w, beta))
+    with torch.no_grad():
+        cached = model(idx)
+        assert [shape[2:4] for shape in made] == [(2, 16)] * 2  # 2 layers: the window's 2 blocks of 16, once each
+        made.clear()
+        read = path.PaTHAttention.read
+        monkeypatch.setattr(path.PaTHAttention, "read", lambda self, x, layer: (*read(self, x, layer)[:2], None))
+        per_chunk = model(idx)
+    assert len(made) > 2 * 2  # without the cache: every chunk of every layer makes its range's
+    assert (cached - per_chunk).abs().max() < 1e-12
+
+
 @pytest.mark.parametrize("block", [1, 3, 4, 16])
 def test_logits_equal_the_products_for_any_block_and_chunk(block):
     """The chunk's logits (queries 9..12, keys 0 and 4..12) equal q_i^T H_i ... H_{j+1} k_j for every block size."""
