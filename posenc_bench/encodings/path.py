@@ -33,7 +33,7 @@ authors' code has it (fla-org/flash-linear-attention at commit bc3b101dcb713ddc5
 Here: each layer has its own W_down, W_up, conv, b, c (``for_layer``), parameters of shape (n_layers, ...) drawn
 from the encoding's own seed stream as every encoding's are; the layer's view for a forward
 (``for_tokens``) holds w (B, H, T, D) and beta (B, H, T) of its hidden states (and, made once per forward for
-every query chunk, each block's product below), and its ``attention_logits``
+every query chunk, each block's product and carried keys below), and its ``attention_logits``
 computes each query chunk's logits exactly (``householder_logits``): the tokens in blocks of ``BLOCK``; keys
 carried to their block's end and queries back to their block's start one H at a time inside the block, the
 block's product H_a ... H_{a+L-1} (D x D, per block, not per pair) carrying the queries back across whole
@@ -136,6 +136,15 @@ def block_products(w: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
     return product
 
 
+def _carry(keys: torch.Tensor, w: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """Each key carried to its block's end, H_{end} ... H_{j+1} k_j: keys (B, H, n, L, D) by the blocks' w
+    (B, H, n, L, D) and beta (B, H, n, L)."""
+    offset = torch.arange(keys.shape[3], device=keys.device)
+    for r in range(keys.shape[3]):
+        keys = _reflect(keys, w[:, :, :, r], beta[:, :, :, r], offset < r)
+    return keys
+
+
 def _window_products(w: torch.Tensor, beta: torch.Tensor, block: int, dtype: torch.dtype,
                      cache: dict) -> torch.Tensor:
     """``block_products`` of every block of the whole window (blocks from token 0; the last padded with H = I),
@@ -156,8 +165,9 @@ def householder_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: 
     indices q_pos (q,) (consecutive), k (B, H, k, D) at token indices k_pos (k,) (ascending, below the chunk's
     end), from w (B, H, T, D) and beta (B, H, T) of the whole window. Entries of keys after their query are
     finite and meaningless (the mask hides them). ``cache``: the forward's (``read``), where the whole window's
-    block products are made once for all its query chunks (else each chunk makes its range's: work growing with
-    T per chunk, and the chunks' count with T^2 at a fixed mask budget)."""
+    block products and each whole block's carried keys are made once for all its query chunks, given in query
+    order (else each chunk makes its range's: work growing with T per chunk, and the chunks' count with T^2 at a
+    fixed mask budget)."""
     B, H, _, D = q.shape
     L, T = block, w.shape[2]
     first = int(k_pos.min()) // L * L  # the first token of the first key's block
@@ -176,9 +186,22 @@ def householder_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: 
     queries = q.new_zeros(B, H, span, D, dtype=dtype).index_copy(2, q_pos - first, q.to(dtype))
     queries = queries.view(B, H, nb, L, D)[:, :, bq0:]  # (B, H, nq, L, D)
     offset = torch.arange(L, device=q.device)
-    carried = keys
-    for r in range(L):  # key j -> H_{end} ... H_{j+1} k_j
-        carried = _reflect(carried, w_r[:, :, :, r], beta_r[:, :, :, r], offset < r)
+    # key j -> H_{end} ... H_{j+1} k_j, its block's end: (B, H, nb - 1, L, D), the blocks before the last query
+    # block (the only ones read: each whole, with the same keys in every later chunk, or fewer of them)
+    g0 = first // L  # the range's first block, counted from token 0
+    if cache is None:
+        carried = _carry(keys[:, :, :nb - 1], w_r[:, :, :nb - 1], beta_r[:, :, :nb - 1])
+    else:
+        # valid for chunks in query order: a later chunk sees the same keys of a whole block, or fewer (a window)
+        start, done, last = cache.get(("carried", L, dtype), (g0, keys[:, :, :0], -1))
+        if start > g0 or start + done.shape[2] < g0 or int(q_pos[0]) <= last:  # start afresh
+            start, done = g0, keys[:, :, :0]
+        have = start + done.shape[2] - g0  # this range's blocks already carried
+        if have < nb - 1:
+            done = torch.cat([done, _carry(keys[:, :, have:nb - 1], w_r[:, :, have:nb - 1],
+                                           beta_r[:, :, have:nb - 1])], dim=2)
+        cache["carried", L, dtype] = (start, done, qe - 1)
+        carried = done[:, :, g0 - start:g0 - start + nb - 1]
     # each block's H_a ... H_{a+L-1}: (B, H, nb, D, D); only blocks before the last query block are read, whole
     # in both (the range's last block is cut at the chunk's end, the window's is not: that block is never read)
     if cache is None:

@@ -119,6 +119,33 @@ def test_block_products_are_made_once_per_forward_not_once_per_query_chunk(monke
     assert (cached - per_chunk).abs().max() < 1e-12
 
 
+def test_keys_are_carried_once_per_block_and_chunks_out_of_order_start_afresh(monkeypatch):
+    """Each whole block's keys are carried to its end once per forward (blocks of 4: the 4 before the last of 20
+    tokens, per layer), with the logits of carrying them again in every chunk; a cache given chunks out of query
+    order (a window's later chunk sees fewer keys) starts afresh and stays exact."""
+    from posenc_bench.encodings import path
+
+    monkeypatch.setattr(path, "BLOCK", 4)
+    model = path_model(max_mask_bytes=4 * 4 * 20 * 8 * 3).double()
+    idx = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(3))
+    carried = []
+    real = path._carry
+    monkeypatch.setattr(path, "_carry", lambda keys, w, beta: carried.append(keys.shape[2]) or real(keys, w, beta))
+    with torch.no_grad():
+        want = reference_forward(model, idx)
+        assert (model(idx) - want).abs().max() < 1e-5
+    assert sum(carried) == 2 * 4 and len(carried) > 2  # in pieces as chunks reach new blocks
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 1, 2, 13, 5, generator=gen, dtype=torch.float64)
+    w = F.normalize(torch.randn(1, 2, 13, 5, generator=gen, dtype=torch.float64), dim=-1)
+    beta = 2 * torch.rand(1, 2, 13, generator=gen, dtype=torch.float64)
+    late, early = (torch.arange(10, 13), torch.arange(7, 13)), (torch.arange(9, 10), torch.arange(6, 10))
+    cache = {}
+    for q_pos, k_pos in (late, early):  # the late chunk sees keys 7.. of block 6..8; the early one needs key 6
+        got = householder_logits(q[:, :, q_pos], k[:, :, k_pos], w, beta, q_pos, k_pos, 3, cache)
+        assert torch.equal(got, householder_logits(q[:, :, q_pos], k[:, :, k_pos], w, beta, q_pos, k_pos, 3))
+
+
 @pytest.mark.parametrize("block", [1, 3, 4, 16])
 def test_logits_equal_the_products_for_any_block_and_chunk(block):
     """The chunk's logits (queries 9..12, keys 0 and 4..12) equal q_i^T H_i ... H_{j+1} k_j for every block size."""
