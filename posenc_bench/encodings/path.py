@@ -104,8 +104,8 @@ class PaTHAttention(TokenReading):
         return w.transpose(1, 2), beta.transpose(1, 2)  # (B, H, T, D), (B, H, T)
 
     def read(self, x: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor, dict]:
-        """w, beta and the forward's cache of block products (``householder_logits``: one set per forward, not
-        one per query chunk)."""
+        """w, beta and the forward's cache of block products and carried keys (``householder_logits``: made once
+        per forward, not once per query chunk)."""
         return (*self.householder(x, layer), {})
 
     def logits_of(self, state: tuple[torch.Tensor, torch.Tensor, dict], q: torch.Tensor, k: torch.Tensor,
@@ -187,10 +187,13 @@ def householder_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: 
     queries = queries.view(B, H, nb, L, D)[:, :, bq0:]  # (B, H, nq, L, D)
     offset = torch.arange(L, device=q.device)
     # key j -> H_{end} ... H_{j+1} k_j, its block's end: (B, H, nb - 1, L, D), the blocks before the last query
-    # block (the only ones read: each whole, with the same keys in every later chunk, or fewer of them)
+    # block (the only ones read: each whole, with the same keys in every later chunk, or fewer of them); and each
+    # block's H_a ... H_{a+L-1}: (B, H, nb, D, D), of which the same blocks are read, whole in both (the range's
+    # last block is cut at the chunk's end, the window's is not: that block is never read)
     g0 = first // L  # the range's first block, counted from token 0
     if cache is None:
         carried = _carry(keys[:, :, :nb - 1], w_r[:, :, :nb - 1], beta_r[:, :, :nb - 1])
+        product = block_products(w_r, beta_r)
     else:
         # valid for chunks in query order: a later chunk sees the same keys of a whole block, or fewer (a window)
         start, done, last = cache.get(("carried", L, dtype), (g0, keys[:, :, :0], -1))
@@ -202,12 +205,7 @@ def householder_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: 
                                            beta_r[:, :, have:nb - 1])], dim=2)
         cache["carried", L, dtype] = (start, done, qe - 1)
         carried = done[:, :, g0 - start:g0 - start + nb - 1]
-    # each block's H_a ... H_{a+L-1}: (B, H, nb, D, D); only blocks before the last query block are read, whole
-    # in both (the range's last block is cut at the chunk's end, the window's is not: that block is never read)
-    if cache is None:
-        product = block_products(w_r, beta_r)
-    else:
-        product = _window_products(w, beta, L, dtype, cache)[:, :, first // L:first // L + nb]
+        product = _window_products(w, beta, L, dtype, cache)[:, :, g0:g0 + nb]
     # within each query block, keys in descending order: the query as key s sees it is H_{s+1} ... H_i q_i
     u, wq, bq = queries, w_r[:, :, bq0:], beta_r[:, :, bq0:]
     cols = []
