@@ -63,7 +63,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def cmd(args: argparse.Namespace) -> int:
     from posenc_bench.analysis.report import write_tables
-    from posenc_bench.bench.eval.pretrained import EvalOptions, parse_scalings, run_eval
+    from posenc_bench.bench.eval.pretrained import EvalOptions, run_eval
+    from posenc_bench.bench.eval.scalings import parse_scalings
 
     opts = EvalOptions(
         model=args.model,

@@ -48,7 +48,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def cmd(args: argparse.Namespace) -> int:
     from posenc_bench.analysis.plots import plot_needle_heatmaps
     from posenc_bench.bench.eval import needles, passkey
-    from posenc_bench.bench.eval.pretrained import parse_scalings, require_hf
+    from posenc_bench.bench.eval.scalings import parse_scalings, require_hf
     from posenc_bench.env import git_commit, versions
     from posenc_bench.errors import PosencError
     from posenc_bench.files import RUNS

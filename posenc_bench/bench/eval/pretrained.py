@@ -35,6 +35,8 @@ from posenc_bench.bench.eval.evaluate import (EvalSet, Scoring, documents_per_wi
 from posenc_bench.bench.eval import tune
 from posenc_bench.bench.eval.hf_text import HFText, hf_text, valid_text
 from posenc_bench.bench.eval.key_tokens import KeyTokenRule, KeyTokens, target_nll
+from posenc_bench.bench.eval.progress import PARTIAL, RowProgress
+from posenc_bench.bench.eval.scalings import require_hf, rope_row
 from posenc_bench.bench.keys import eval_key, hf_eval_key, with_key_tokens, with_tuning
 from posenc_bench.bench.records import (ResultsFolder, ResultsStore, check_deletable, finished, measured, model_record,
                                         new_record, not_measured, run_meta, score, summary_line)
@@ -79,50 +81,6 @@ class EvalOptions:
     tune: bool = False  # each zero-shot row's options chosen on the valid split at each length (bench/eval/tune.py)
 
 
-def checkpoint_scalings() -> list[str]:
-    """What ``eval --rope-scaling`` takes for our checkpoints: every zero-shot row of the trained rope model
-    by its suffix (linear, ntk, dynamic, yarn, llama3, rerope, leaky, selfextend), plus sink<S>+sw<W>."""
-    from posenc_bench import encodings
-
-    return [Row(n).suffix for n in encodings.variants("rope")]
-
-
-def _rope_row(scaling: str) -> Optional[Row]:
-    """The zero-shot row of the trained rope model that ``scaling`` names (yarn, sink4+sw124, sink4), or None."""
-    try:
-        return Row("rope").variant(scaling)
-    except ConfigError:
-        return None
-
-
-def parse_scalings(value: str) -> list[str]:
-    """'linear,yarn' -> ['linear', 'yarn']; 'all' = every scaling transformers has; 'none' or '' = none.
-    Also every other zero-shot row of the rope model (``checkpoint_scalings``: ntk, rerope, leaky, selfextend)
-    and attention sinks, sink<S>+sw<W> (or sink<S> on a model trained with a window)."""
-    items = [v.strip().lower() for v in value.split(",") if v.strip()]
-    out: list[str] = []
-    for item in items:
-        if item == "all":
-            out.extend(hf_rope.SCALINGS)
-        elif item in hf_rope.SCALINGS or _rope_row(item) is not None:
-            out.append(item)
-        elif item != "none":
-            valid = ", ".join(dict.fromkeys([*hf_rope.SCALINGS, *checkpoint_scalings()]))
-            raise ConfigError(f"--rope-scaling {item!r} is not a scaling; valid: {valid}, sink<S>+sw<W>, all, none")
-    return list(dict.fromkeys(out))
-
-
-def require_hf(scalings: list[str]) -> None:
-    """Refuse the rows a Hugging Face model cannot take. Frequency scalings transformers has go through its
-    rope_parameters; every other zero-shot row (ntk, ReRoPE, Leaky ReRoPE, Self-Extend, sinks with a window)
-    reroutes its attention through our encoding (``hf/attention.py``). Only sink<S> without +sw<W> is refused:
-    it means "the window the model was trained with", and a Hugging Face model here has none."""
-    bad = [s for s in scalings if (row := _rope_row(s)) is not None and row.sinks is not None and row.sinks[1] is None]
-    if bad:
-        raise ConfigError(f"--rope-scaling {bad[0]}: a Hugging Face model was trained without a sliding window; "
-                          f"name one, e.g. {bad[0]}+sw<W> with S + W = its train length (StreamingLLM's cache)")
-
-
 def _slug(name: str) -> str:
     return re.sub(r"[^\w.-]+", "-", name).strip("-") or "model"
 
@@ -145,6 +103,7 @@ def _evaluate_rows(folder: ResultsFolder, run: dict, fresh: bool, evaluate_row: 
     with folder:
         if fresh:
             folder.path.unlink(missing_ok=True)
+            (folder.path.parent / PARTIAL).unlink(missing_ok=True)
         store = folder.open_store(run)
         store.save()
         for row in rows:
@@ -242,23 +201,30 @@ class _HFRows:
 
     def _grids(self, scaling: Optional[str]) -> dict[str, list[dict]]:
         """{length: grid} of zero-shot row ``scaling`` with ``--tune`` (none unscaled, untuned or gridless)."""
-        if self.valid is None or scaling is None or (row := _rope_row(scaling)) is None:
+        if self.valid is None or scaling is None or (row := rope_row(scaling)) is None:
             return {}
         found = {str(L): tune.grid_points(row, self.run["train_len"], L, {}) for L in self.run["eval_lengths"]}
         return {L: grid for L, grid in found.items() if grid}
 
     def evaluate(self, store: ResultsStore, row: str) -> None:
         scaling, lengths = self.scaling_of[row], self.run["eval_lengths"]
-        done = store.cell(row, 0)
-        if finished(done, lengths, {"eval_key": self.key[row]}):
+        records = store.cell(row, 0)
+        if finished(records, lengths, {"eval_key": self.key[row]}):
             self.log(f"  {row}: done before, skipped")
-            if scaling is None:
-                self.unscaled.update({d["eval_len"]: d for d in done if d["status"] == "ok"})
-            return
-        self.key_at = {L: self.keys.at(L) for L in lengths} if self.keys else {}  # evaluator passes: none scaled
-        records = [self._record(row, scaling, L) for L in sorted(lengths)]  # shortest first: peak RSS grows
-        store.put_cell(row, 0, records)  # saved before it is reported: a row that was logged is on disk
-        self.log(summary_line(row, records))
+        else:
+            self.progress = RowProgress(store.path.parent, row, self.key[row])  # an interrupted row's work
+            if kept := self.progress.lengths():
+                self.log(f"  {row}: resuming: eval lengths {', '.join(map(str, kept))} done before")
+            todo = [L for L in sorted(lengths) if L not in kept]  # shortest first: peak RSS grows
+            self.key_at = {L: self.keys.at(L) for L in todo} if self.keys else {}  # evaluator passes: none scaled
+            for L in todo:
+                self.progress.keep_record(L, self._record(row, scaling, L))
+            records = [self.progress.record(L) for L in sorted(lengths)]
+            store.put_cell(row, 0, records)  # saved before it is reported: a row that was logged is on disk
+            self.progress.drop()
+            self.log(summary_line(row, records))
+        if scaling is None:  # what a scaled row reuses where it computes the same
+            self.unscaled.update({r["eval_len"]: r for r in records if r["status"] == "ok"})
 
     def _record(self, row: str, scaling: Optional[str], L: int) -> dict:
         hf, info = self.hf, self.run["model"]
@@ -277,8 +243,6 @@ class _HFRows:
             res = self._tuned(rec, row, scaling, L) if str(L) in self.grids[row] else self._measure(rec, scaling, L)
         except PosencError as e:
             return not_measured(rec, "n/a", str(e))
-        if scaling is None:
-            self.unscaled[L] = res
         return measured(rec, res)
 
     def _tuned(self, rec: dict, row: str, scaling: str, L: int) -> dict:
@@ -287,10 +251,14 @@ class _HFRows:
         grid, metric = self.grids[row][str(L)], metrics.get("ppl")
         values = []
         for point in grid:
-            try:
-                values.append(metrics.record_value(metric, self._measure({}, scaling, L, point, self.valid)))
-            except PosencError:
-                values.append(None)  # cannot run there: never chosen
+            known, value = self.progress.valid(L, point)  # scored before an interruption
+            if not known:
+                try:
+                    value = metrics.record_value(metric, self._measure({}, scaling, L, point, self.valid))
+                except PosencError:
+                    value = None  # cannot run there: never chosen
+                self.progress.keep_valid(L, point, value)
+            values.append(value)
         chosen = tune.choose_point(values, metric, grid, f"{row} at {L}")
         res = self._measure(rec, scaling, L, grid[chosen])
         return {**res, "tuning": tune.tuning_record(self.valid_meta, metric, grid, values, chosen)}

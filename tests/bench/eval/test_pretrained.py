@@ -262,29 +262,6 @@ def test_long_docs_without_a_long_enough_document_is_one_line_and_exit_2(model, 
     assert "has 385 tokens (--long-docs" in err and "--split all" not in err and "\n" not in err
 
 
-def test_every_fix_row_is_accepted_for_hugging_face_models_but_a_bare_sink():
-    from posenc_bench.bench.eval.pretrained import parse_scalings, require_hf
-
-    rows = parse_scalings("all,ntk,rerope,leaky,selfextend,sink4+sw60")
-    require_hf(rows)
-    with pytest.raises(Exception, match="trained without a sliding window"):
-        require_hf(["sink4"])
-
-
-def test_rope_scaling_names_are_the_suffixes_of_the_rope_rows():
-    """The names ``--rope-scaling`` takes are the rope model's zero-shot rows by suffix (``Row.suffix``)."""
-    from posenc_bench.bench.eval.pretrained import checkpoint_scalings, parse_scalings
-    from posenc_bench.errors import ConfigError
-
-    assert checkpoint_scalings() == ["linear", "ntk", "dynamic", "yarn", "llama3", "rerope", "leaky", "selfextend",
-                                     "string"]
-    assert parse_scalings("yarn,sink4+sw60,sink4,none,yarn") == ["yarn", "sink4+sw60", "sink4"]
-    assert parse_scalings("") == [] and parse_scalings("all") == list(hf_rope.SCALINGS)
-    for bad in ("linear-ft", "rand", "sink4+sw0", "bca"):  # fine-tuned, trained, a bad sink window, xpos's fix
-        with pytest.raises(ConfigError, match="is not a scaling; valid: linear, dynamic, yarn, llama3, ntk"):
-            parse_scalings(bad)
-
-
 # a micro run of the -ft rows (tests/bench/config/test_finetune.py: their plan)
 FT_MICRO = ["--config", "configs/ci.yaml", "--seeds", "1", "--train-len", "16", "--steps", "20", "--eval-tokens", "512",
             "--eval-lens", "1,2,4x", "--progress", "off"]
@@ -494,3 +471,49 @@ def test_tune_refuses_a_scored_split_that_holds_the_valid_documents(llama_dir, t
     err = capsys.readouterr().err.strip()
     assert "--tune chooses on the valid split" in err and "test, train, all-but-valid" in err and "'all'" in err
     assert "\n" not in err and not (tmp_path / "o").exists()
+
+
+def test_an_interrupted_tuned_row_resumes_at_its_next_length_and_grid_point(llama_dir, tmp_path, monkeypatch, capsys):
+    """A tuned row of a pretrained model is hours of CPU: stopped inside it, a rerun takes the lengths and valid
+    passes it finished from eval.partial.json and measures only the rest, to the same records as a run that was
+    never stopped; the results file never holds half a row, and the progress file goes once the row is whole."""
+    from posenc_bench.bench.eval import pretrained
+    from posenc_bench.bench.eval.progress import PARTIAL
+
+    argv = ["eval", "--model", f"hf:{llama_dir}", "--eval-lens", "1,1.5,2x", *EVAL, "--eval-tokens", "128",
+            "--rope-scaling", "rerope", "--tune"]
+    measure, calls = pretrained._HFRows._measure, []
+
+    def counted(self, rec, scaling, L, point=None, text=None):
+        calls.append((scaling, L, point and dict(point), text is not None))
+        if stop_at is not None and len(calls) == stop_at:
+            raise KeyboardInterrupt
+        return measure(self, rec, scaling, L, point, text)
+
+    monkeypatch.setattr(pretrained._HFRows, "_measure", counted)
+    stop_at = None
+    assert main([*argv, "--out", str(tmp_path / "whole")]) == 0
+    whole, every = json.loads((tmp_path / "whole" / "results.json").read_text()), list(calls)
+    rerope = [c for c in every if c[0] == "rerope"]
+    assert len(rerope) > 6 and not (tmp_path / "whole" / PARTIAL).exists()
+
+    out = tmp_path / "stopped"
+    stop_at = every.index(rerope[len(rerope) // 2 + 1]) + 1  # inside rerope: past a length, amid a grid
+    calls.clear()
+    assert main([*argv, "--out", str(out)]) == 130
+    before = list(calls[:-1])  # the last call was stopped before it measured
+    saved = json.loads((out / "results.json").read_text())["records"]
+    assert {r["encoding"] for r in saved} == {"hf:tiny-llama"}  # no half row
+    partial = json.loads((out / PARTIAL).read_text())["hf:tiny-llama+rerope"]
+    assert partial["records"] and partial["valid"]
+
+    stop_at = None
+    calls.clear()
+    capsys.readouterr()
+    assert main([*argv, "--out", str(out)]) == 0
+    assert "resuming: eval lengths" in capsys.readouterr().out
+    assert sorted(map(repr, before + calls)) == sorted(map(repr, every))  # nothing measured twice, nothing skipped
+    resumed = json.loads((out / "results.json").read_text())["records"]
+    fields = ("encoding", "eval_len", "ppl", "loss", "eval_key", "tuning", "rerouted", "loss_by_position")
+    assert [{k: r.get(k) for k in fields} for r in resumed] == [{k: r.get(k) for k in fields} for r in whole["records"]]
+    assert not (out / PARTIAL).exists()
