@@ -147,9 +147,11 @@ PAGES = [
         Allow(("3.97", "6.21", "5.84", "12.67", "9.29", "5.71", "12.34", "5.09", "3.08", "x1.05", "3.12", "6.89",
                "3.02", "3.0137", "3.0082", "3.0069"), r"\(from |, from \d",
               "the folder's values before issue 53's rerun (the folder at 97d2c1e, in git history)"),
-        Allow(("3.961",), r"valid perplexity", "a tuned row's valid value (the record's tuning, in the caption)"),
-        Allow(("18.48", "3.35"), r"A probe on its checkpoint", "the fire+rand probe (its code is under How it is "
-              "made), " + NOT_COMMITTED),
+        Allow(("3.961", "2.992", "3.010", "3.015"), r"valid perplexity|valid split scores|valid\s+3\.010",
+              "a tuned row's valid values (the record's tuning, in the caption)"),
+        Allow(("17.97",), r"At 44fcb5c it drew", "fire+rand at Ruoss et al.'s M, the folder at 44fcb5c (in git history)"),
+        Allow(("18.48", "3.35"), r"A probe on that checkpoint", "the fire+rand probe on the 44fcb5c checkpoint (its "
+              "code is under How it is made), " + NOT_COMMITTED),
     )),
     Page("results/smollm2/README.md", ("smollm2", "sotu-512-full", "sotu-512"), allow=(
         Allow(("7.59",), r"first attempt", "a first attempt of this run, at 949d769, " + NOT_COMMITTED),
