@@ -30,7 +30,8 @@ class RowProgress:
 
     def __init__(self, folder: Path, row: str, key: str) -> None:
         self.path, self.row = Path(folder) / PARTIAL, row
-        entry = self._read().get(row)
+        self.data = self._read()  # every row's entry: the folder's one writer holds them all
+        entry = self.data.get(row)
         self.entry = entry if entry and entry.get("eval_key") == key else {"eval_key": key, "records": {}, "valid": {}}
 
     def _read(self) -> dict:
@@ -46,9 +47,8 @@ class RowProgress:
         return data
 
     def _save(self) -> None:
-        data = self._read()
-        data[self.row] = self.entry
-        atomic_write_json(self.path, data)
+        self.data[self.row] = self.entry
+        atomic_write_json(self.path, self.data)
 
     def lengths(self) -> list[int]:
         """The eval lengths whose records are kept."""
@@ -73,9 +73,8 @@ class RowProgress:
 
     def drop(self) -> None:
         """The row is whole: its entry goes (the file too, once no row has one)."""
-        data = self._read()
-        data.pop(self.row, None)
-        if data:
-            atomic_write_json(self.path, data)
+        self.data.pop(self.row, None)
+        if self.data:
+            atomic_write_json(self.path, self.data)
         else:
             self.path.unlink(missing_ok=True)
