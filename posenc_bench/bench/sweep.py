@@ -323,17 +323,17 @@ class Sweep:
         if ident is None or self.work.evalset.key_tokens:
             return
         ident["eval_fingerprint"] = self.run_meta["eval_fingerprint"]
-
-        def compute() -> dict:
+        evalset, train_len = self.work.evalset, self.work.train_len
+        store = key_tokens.KeyTokenFile(self.out / key_tokens.KEY_TOKENS_FILE, ident)
+        lengths = [L for L in evalset.lengths if L > train_len]
+        if any(L not in store.masks for L in lengths):  # the evaluator's passes: the ones not kept before
             row, seed = self.cfg.row(ident["evaluator"]), ident["seed"]
             model, _ = self.models.get(row, seed)
             if model is None:
                 raise ConfigError(f"eval.key_tokens.evaluator {row} (seed {seed}) diverged: name another row")
             self.rt.log(f"  key tokens: the evaluator {row} seed {seed} scores the eval text")
-            return key_tokens.of_model(self.cfg.eval.key_tokens.rule(), model, self.work.evalset, self.rt,
-                                       self.work.train_len)
-
-        self.work.evalset.key_tokens = key_tokens.cached(self.out / key_tokens.KEY_TOKENS_FILE, ident, compute)
+            key_tokens.of_model(self.cfg.eval.key_tokens.rule(), model, evalset, self.rt, train_len, store)
+        evalset.key_tokens = {L: store.masks[L] for L in lengths}
 
 
 def train_worker(cfg: RunConfig, dist: Dist) -> None:

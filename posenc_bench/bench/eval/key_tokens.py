@@ -29,17 +29,18 @@ strided protocol):
 
 Where the evaluator is: for ``posenc-bench eval`` a row of the same eval (``pretrained.py``, ``--key-tokens``);
 for a run, ``eval.key_tokens`` names a row of the run (and a seed), whose model the sweep gets (trained if need
-be) and scores before any row (``model_nll_at``), keeping the key tokens in the run folder (``cached``,
-``KEY_TOKENS_FILE``, under a hash of the rule, the evaluator's model key and the text); each row's evaluation
-then sums its NLL over them per unit (``evaluate.EvalSet.key_tokens``, ``evaluate.Targets.key``).
+be) and scores before any row (``model_nll_at``). Either way the key tokens are kept in the folder
+(``KeyTokenFile``, ``KEY_TOKENS_FILE``, under a hash of the rule, the evaluator's model key and the text), pass
+by pass; each row's evaluation then sums its NLL over them per unit (``evaluate.EvalSet.key_tokens``,
+``evaluate.Targets.key``).
 
 The package's long context is the whole text in one forward (``find_key_token``'s ``output_full``,
 ``compute_longppl``'s ``output_full``); ours is the window of E tokens, so at E = the text's length the two are
 the same computation (``tests/bench/eval/test_key_tokens.py`` checks the key set and LongPPL against
 ``compute_longppl``).
 
-Every function here is pure but ``target_nll`` and ``model_nll_at``, which run a model over windows, and
-``cached``, which reads and writes the run folder's file.
+Every function here is pure but ``target_nll`` and ``model_nll_at``, which run a model over windows;
+``KeyTokenFile`` reads and writes the folder's file.
 """
 
 from __future__ import annotations
@@ -53,13 +54,13 @@ from typing import Callable, Optional
 import torch
 
 from posenc_bench.bench.eval.evaluate import logits_nll, window_ids, windows
-from posenc_bench.errors import ConfigError
+from posenc_bench.errors import ConfigError, PosencError
 from posenc_bench.files import atomic_write
 
 ALPHA = 2.0  # nats: the least drop of the NLL with the long context (the paper's and the package's alpha)
 BETA = -2.0  # the least long-context log-probability (the package's beta)
 SHORT_CONTEXTS = ("train", "longppl")  # what the short pass's windows are: see the module docstring
-KEY_TOKENS_FILE = "key_tokens.pt"  # a run folder's key tokens: {"hash", "ident", "masks": {length: (N, S + 1)}}
+KEY_TOKENS_FILE = "key_tokens.pt"  # a folder's key tokens: {"hash", "ident", "short", "masks": {length: (N, S + 1)}}
 
 
 @dataclass(frozen=True)
@@ -157,32 +158,71 @@ def as_segments(mask: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.zeros_like(mask[:, :1]), mask], 1)
 
 
+class KeyTokenFile:
+    """The key tokens kept for one ``ident`` (what they depend on: the rule, the evaluator's model key, the text)
+    in a folder's file (``KEY_TOKENS_FILE``; ``path`` None: kept in memory only): the short pass's (nll, context)
+    and the mask at each length, each written atomically as it is found. A rerun, a shard or a resumed run takes
+    them without the evaluator's passes again, an interrupted evaluation resumes at its next pass (on a CPU one
+    pass of a pretrained model at 4x its context takes many minutes), and a changed evaluator, rule or text
+    (another hash) never reuses them: it starts the file afresh."""
+
+    def __init__(self, path: Optional[Path | str], ident: dict, read: bool = True) -> None:
+        self.path = None if path is None else Path(path)
+        self.ident = json.dumps(ident, sort_keys=True, default=str)
+        self.digest = hashlib.sha256(self.ident.encode()).hexdigest()[:16]
+        self.short: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+        self.masks: dict[int, torch.Tensor] = {}
+        saved = self._read() if read else {}  # read False: start afresh (the file is replaced at the first save)
+        if saved.get("hash") == self.digest:
+            self.short, self.masks = saved.get("short"), dict(saved["masks"])
+
+    def _read(self) -> dict:
+        if self.path is None or not self.path.exists():
+            return {}
+        try:
+            saved = torch.load(self.path, weights_only=True)
+        except Exception as e:  # torch raises several kinds on a damaged file
+            saved = e
+        if not (isinstance(saved, dict) and isinstance(saved.get("masks"), dict)):
+            raise PosencError(f"{self.path}: not a key-token file ({str(saved)[:80]}); it holds only the evaluator's "
+                               "passes: delete it to compute them afresh")
+        return saved
+
+    def save(self) -> None:
+        if self.path is not None:
+            atomic_write(self.path, lambda tmp: torch.save({"hash": self.digest, "ident": self.ident,
+                                                            "short": self.short, "masks": self.masks}, tmp))
+
+
 class KeyTokens:
     """The key tokens of one text at each eval length under one evaluator, computed on first need: the short
-    pass once (it is the same at every length), a long pass per length. ``nll_at(length, stride)`` gives the
-    evaluator's ``target_nll`` with windows of ``length`` (its rows' scoring: non-overlapping, stride None)."""
+    pass once (it is the same at every length), a long pass per length, each kept in ``store`` (None: in memory
+    only). ``nll_at(length, stride)`` gives the evaluator's ``target_nll`` with windows of ``length`` (its rows'
+    scoring: non-overlapping, stride None)."""
 
     def __init__(self, rule: KeyTokenRule, train_len: int, nll_at: Callable[[int, Optional[int]], tuple],
-                 target_mask: Optional[torch.Tensor] = None) -> None:
+                 target_mask: Optional[torch.Tensor] = None, store: Optional[KeyTokenFile] = None) -> None:
         self.rule, self.train_len, self.nll_at = rule, train_len, nll_at
         self.target_mask = target_mask  # (N, S + 1) bool or None: context-only tokens are never key
-        self._short: Optional[tuple[torch.Tensor, torch.Tensor]] = None
-        self._masks: dict[int, torch.Tensor] = {}
+        self.store = store or KeyTokenFile(None, {})
 
     def at(self, length: int) -> Optional[torch.Tensor]:
         """(N, S + 1) bool: the key tokens at eval length ``length``; None at or below the train length, where
         there are none (its records carry no key-token fields: LongPPL is not computed at 1x)."""
         if length <= self.train_len:
             return None
-        if length not in self._masks:
-            if self._short is None:
-                self._short = self.nll_at(*self.rule.short_windows(self.train_len))
-            nll_short, ctx_short = self._short
+        store = self.store
+        if length not in store.masks:
+            if store.short is None:
+                store.short = self.nll_at(*self.rule.short_windows(self.train_len))
+                store.save()
+            nll_short, ctx_short = store.short
             nll_long, ctx_long = self.nll_at(length, None)
             mask = as_segments(key_mask(nll_long, nll_short, self.rule.alpha, self.rule.beta,
                                         candidates(ctx_long, ctx_short, self.train_len)))
-            self._masks[length] = mask if self.target_mask is None else mask & self.target_mask.bool()
-        return self._masks[length]
+            store.masks[length] = mask if self.target_mask is None else mask & self.target_mask.bool()
+            store.save()
+        return store.masks[length]
 
 
 def model_nll_at(model, evalset, rt) -> Callable[[int, Optional[int]], tuple[torch.Tensor, torch.Tensor]]:
@@ -200,25 +240,8 @@ def model_nll_at(model, evalset, rt) -> Callable[[int, Optional[int]], tuple[tor
     return nll_at
 
 
-def of_model(rule: KeyTokenRule, model, evalset, rt, train_len: int) -> dict:
+def of_model(rule: KeyTokenRule, model, evalset, rt, train_len: int, store: Optional[KeyTokenFile] = None) -> dict:
     """{length: (N, S + 1) bool} the key tokens at every length of ``evalset`` past ``train_len``, with one of our
-    models as the evaluator (``model_nll_at``)."""
-    keys = KeyTokens(rule, train_len, model_nll_at(model, evalset, rt))
+    models as the evaluator (``model_nll_at``), kept in ``store`` as each pass ends."""
+    keys = KeyTokens(rule, train_len, model_nll_at(model, evalset, rt), store=store)
     return {L: keys.at(L) for L in evalset.lengths if L > train_len}
-
-
-def cached(path: Path | str, ident: dict, compute: Callable[[], dict]) -> dict:
-    """The key tokens at each length ({length: (N, S + 1) bool}) from ``path`` where it was written for ``ident``
-    (what they depend on: the rule, the evaluator's model key, the text), else ``compute()``d and written
-    atomically, so a rerun, a shard or a resumed run scores every row on the same key tokens without the
-    evaluator's passes again, and a changed evaluator, rule or text never reuses them."""
-    digest = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    path = Path(path)
-    if path.exists():
-        saved = torch.load(path, weights_only=True)
-        if saved.get("hash") == digest:
-            return saved["masks"]
-    masks = compute()
-    atomic_write(path, lambda tmp: torch.save({"hash": digest, "ident": json.dumps(ident, sort_keys=True, default=str),
-                                               "masks": masks}, tmp))
-    return masks

@@ -34,7 +34,7 @@ from posenc_bench.bench.eval.evaluate import (EvalSet, Scoring, documents_per_wi
                                               unit_documents)
 from posenc_bench.bench.eval import tune
 from posenc_bench.bench.eval.hf_text import HFText, hf_text, valid_text
-from posenc_bench.bench.eval.key_tokens import KeyTokenRule, KeyTokens, target_nll
+from posenc_bench.bench.eval.key_tokens import KEY_TOKENS_FILE, KeyTokenFile, KeyTokenRule, KeyTokens, target_nll
 from posenc_bench.bench.eval.progress import PARTIAL, RowProgress
 from posenc_bench.bench.eval.scalings import require_hf, rope_row
 from posenc_bench.bench.keys import eval_key, hf_eval_key, with_key_tokens, with_tuning
@@ -103,7 +103,8 @@ def _evaluate_rows(folder: ResultsFolder, run: dict, fresh: bool, evaluate_row: 
     with folder:
         if fresh:
             folder.path.unlink(missing_ok=True)
-            (folder.path.parent / PARTIAL).unlink(missing_ok=True)
+            for name in (PARTIAL, KEY_TOKENS_FILE):  # an unfinished row's work, the key-token evaluator's passes
+                (folder.path.parent / name).unlink(missing_ok=True)
         store = folder.open_store(run)
         store.save()
         for row in rows:
@@ -164,7 +165,10 @@ def eval_hf(spec: ModelSpec, opts: EvalOptions, log: Callable[[str], None] = pri
     log(f"posenc-bench eval: {row} ({model_info['class']}, {model_info['params']:,} parameters, {model_info['dtype']}), "
         f"train length {train_len} from {len_source}; lengths {lengths}; {run['eval_tokens']:,} target tokens "
         f"({run['eval_bytes']:,} bytes, {len(text.documents)} documents) each; device {run['device']}; out {out}")
-    rows = _HFRows(hf, run, text, key, rule, valid, opts.show_progress, log)
+    rows = _HFRows(hf, run, text, key, valid, opts.show_progress, log)
+    if rule:  # found by the evaluator row's passes, kept in the folder pass by pass (--fresh: deleted below)
+        store = KeyTokenFile(out / KEY_TOKENS_FILE, {"eval_key": key}, read=not opts.fresh)
+        rows.keys = KeyTokens(rule, train_len, rows.evaluator_nll, text.target_mask, store)
     data = _evaluate_rows(ResultsFolder(out), run, opts.fresh, rows.evaluate, opts.delete_committed)
     return out, data
 
@@ -185,15 +189,15 @@ class _HFRows:
     model with its attention rerouted through our encoding (``hf/attention.py``). With ``valid`` (``--tune``), a
     row with a grid at a length (``tune.grid_points``) is scored there at the point chosen on ``valid``."""
 
-    def __init__(self, hf: HFModel, run: dict, text: HFText, key: str, rule: Optional[KeyTokenRule],
-                 valid: Optional[HFText], show_progress: Optional[bool], log: Callable[[str], None]) -> None:
+    def __init__(self, hf: HFModel, run: dict, text: HFText, key: str, valid: Optional[HFText],
+                 show_progress: Optional[bool], log: Callable[[str], None]) -> None:
         self.hf, self.run, self.text, self.valid, self.show_progress, self.log = hf, run, text, valid, show_progress, log
         self.base = run["rows"][0]
         self.unscaled: dict[int, dict] = {}  # length -> the unscaled row's result (reused where a row is the identity)
         self.scaling_of = {self.base: None, **{f"{self.base}+{s}": s for s in run["config"]["rope_scaling"]}}
         self.scoring = {L: Scoring(L, HF_BUCKETS, max(run["eval_lengths"]), unit=run["config"]["eval"]["unit"])
                         for L in run["eval_lengths"]}
-        self.keys = None if rule is None else KeyTokens(rule, run["train_len"], self._evaluator_nll, text.target_mask)
+        self.keys: Optional[KeyTokens] = None  # LongPPL's key tokens, where asked for: ``evaluator_nll``'s
         self.grids = {row: self._grids(s) for row, s in self.scaling_of.items()}  # row -> {length: grid}
         self.valid_meta = valid and {"split": tune.SPLIT, "targets": int(valid.target_mask[:, 1:].sum()),
                                      "fingerprint": tokens_fingerprint(valid.segments), "documents": valid.documents}
@@ -310,7 +314,7 @@ class _HFRows:
         with hf_attention.rerouted(self.hf.model, self.hf.rotary):
             return self._score(L, text, posenc=hf_attention.Rerouted(encoding))
 
-    def _evaluator_nll(self, length: int, stride: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def evaluator_nll(self, length: int, stride: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """``key_tokens.target_nll`` of the key-token evaluator's row, scaled for ``length`` as when scored there
         (at its defaults, never a point ``--tune`` chose)."""
         scaling = self.scaling_of[self.keys.rule.evaluator]

@@ -90,21 +90,62 @@ def test_no_key_tokens_at_1x_and_the_toys_keys_at_3x():
     assert keys.at(12)[0].tolist() == [False] * 5 + [True, True, True, False] + [True] * 3 + [False]
 
 
-def test_cached_key_tokens_are_reused_for_the_same_ident_and_found_again_for_another(tmp_path):
-    from posenc_bench.bench.eval.key_tokens import cached
+def test_kept_key_tokens_are_reused_for_the_same_ident_and_found_again_for_another(tmp_path):
+    from posenc_bench.bench.eval.key_tokens import KeyTokenFile
 
-    path, calls = tmp_path / "key_tokens.pt", []
-
-    def compute(value):
-        calls.append(value)
-        return {64: torch.tensor([[False, value, True]])}
-
-    first = cached(path, {"alpha": 2.0, "evaluator_model": "abc"}, lambda: compute(True))
-    again = cached(path, {"evaluator_model": "abc", "alpha": 2.0}, lambda: compute(False))
-    assert calls == [True] and torch.equal(again[64], first[64])  # the same ident, in any order: read back
-    other = cached(path, {"alpha": 1.0, "evaluator_model": "abc"}, lambda: compute(False))
-    assert calls == [True, False] and other[64].tolist() == [[False, False, True]]
+    path = tmp_path / "key_tokens.pt"
+    first = KeyTokenFile(path, {"alpha": 2.0, "evaluator_model": "abc"})
+    assert first.masks == {} and first.short is None  # no file yet
+    first.masks[64] = torch.tensor([[False, True, True]])
+    first.save()
+    again = KeyTokenFile(path, {"evaluator_model": "abc", "alpha": 2.0})  # the same ident, in any order: read back
+    assert list(again.masks) == [64] and torch.equal(again.masks[64], first.masks[64])
+    other = KeyTokenFile(path, {"alpha": 1.0, "evaluator_model": "abc"})
+    assert other.masks == {}  # another rule or evaluator: nothing reused
+    assert KeyTokenFile(path, {"alpha": 2.0, "evaluator_model": "abc"}, read=False).masks == {}  # --fresh
     assert [p.name for p in tmp_path.iterdir()] == ["key_tokens.pt"]  # written atomically: no temporary left
+
+
+def test_a_damaged_key_token_file_is_refused_with_its_path(tmp_path):
+    from posenc_bench.bench.eval.key_tokens import KeyTokenFile
+    from posenc_bench.errors import PosencError
+
+    path = tmp_path / "key_tokens.pt"
+    path.write_bytes(b"not a torch file")
+    with pytest.raises(PosencError, match="key_tokens.pt: not a key-token file.*delete it"):
+        KeyTokenFile(path, {"alpha": 2.0})
+
+
+def test_an_interrupted_evaluator_resumes_at_its_next_pass(tmp_path):
+    """Each pass is kept as it ends: stopped during the long pass at 3x, a new KeyTokens on the same file takes the
+    short pass and the mask at 2x from it and runs only the 3x pass, to the masks of a run never stopped."""
+    from posenc_bench.bench.eval.key_tokens import KeyTokenFile
+
+    seg, calls, rule = torch.zeros(1, 13, dtype=torch.long), [], KeyTokenRule("toy", alpha=0.3, beta=-1.0, stride=4)
+
+    def nll_at(length, stride):
+        calls.append((length, stride))
+        if stop and length == 12:
+            raise KeyboardInterrupt
+        return target_nll(_toy_nll, seg, length, stride)
+
+    stop = False
+    whole = KeyTokens(rule, 4, nll_at)  # in memory: no file
+    expected = {L: whole.at(L) for L in (8, 12)}
+    path, ident, stop = tmp_path / "key_tokens.pt", {"rule": "toy"}, True
+    calls.clear()
+    stopped = KeyTokens(rule, 4, nll_at, store=KeyTokenFile(path, ident))
+    assert torch.equal(stopped.at(8), expected[8])
+    with pytest.raises(KeyboardInterrupt):
+        stopped.at(12)
+    assert calls == [(4, 4), (8, None), (12, None)]
+    stop = False
+    calls.clear()
+    resumed = KeyTokens(rule, 4, nll_at, store=KeyTokenFile(path, ident))
+    assert all(torch.equal(resumed.at(L), expected[L]) for L in (8, 12)) and calls == [(12, None)]
+    calls.clear()
+    again = KeyTokens(rule, 4, nll_at, store=KeyTokenFile(path, ident))
+    assert torch.equal(again.at(12), expected[12]) and calls == []  # every pass kept: none run
 
 
 def test_the_evaluation_sums_key_nll_and_key_tokens_per_unit_and_longppl_is_exp_of_their_ratio():

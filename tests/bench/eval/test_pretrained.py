@@ -4,9 +4,12 @@ reuse the model's numbers, long documents, and bad input as one line."""
 
 import json
 import math
+from unittest.mock import patch
 
 import pytest
+import torch
 
+from posenc_bench.bench.eval import pretrained
 from posenc_bench.commands.cli import main
 from posenc_bench.hf import rope as hf_rope
 
@@ -197,7 +200,6 @@ def test_a_checkpoint_of_a_tuned_run_is_evaluated_untuned_under_the_untuned_key(
 
 def test_a_pretrained_row_is_on_disk_before_its_summary_line_is_printed(llama_dir, tmp_path, monkeypatch):
     """As for `run`: a long eval stopped right after a row's line is logged keeps that row."""
-    from posenc_bench.bench.eval import pretrained
 
     out, seen = tmp_path / "out", []
 
@@ -411,6 +413,13 @@ def test_key_tokens_give_every_row_longppl_on_the_evaluators_key_tokens(llama_di
     assert counts == at["hf:tiny-llama+yarn", 64]["units"]["key_tokens"] and 0 < sum(counts)
     assert main(["report", str(out), "--value", "longppl,key_share"]) == 0
     assert "Key-token perplexity, LongPPL" in capsys.readouterr().out
+    kept = torch.load(out / "key_tokens.pt", weights_only=True)  # the evaluator's passes, kept in the folder
+    assert list(kept["masks"]) == [64] and kept["short"] is not None
+    (out / "results.json").unlink()  # rows measured again (as a row stopped part way): the key tokens are read back
+    with patch.object(pretrained._HFRows, "evaluator_nll", side_effect=AssertionError("an evaluator pass ran")):
+        assert main([*argv, "--out", str(out), "--key-tokens", "yarn", "--key-beta", "-8", "--key-stride", "8"]) == 0
+    again = json.loads((out / "results.json").read_text())["records"]
+    assert [r["units"].get("key_nll") for r in again] == [r["units"].get("key_nll") for r in data["records"]]
     plain = tmp_path / "plain"
     assert main([*argv, "--out", str(plain)]) == 0
     without = json.loads((plain / "results.json").read_text())
@@ -477,7 +486,6 @@ def test_an_interrupted_tuned_row_resumes_at_its_next_length_and_grid_point(llam
     """A tuned row of a pretrained model is hours of CPU: stopped inside it, a rerun takes the lengths and valid
     passes it finished from eval.partial.json and measures only the rest, to the same records as a run that was
     never stopped; the results file never holds half a row, and the progress file goes once the row is whole."""
-    from posenc_bench.bench.eval import pretrained
     from posenc_bench.bench.eval.progress import PARTIAL
 
     argv = ["eval", "--model", f"hf:{llama_dir}", "--eval-lens", "1,1.5,2x", *EVAL, "--eval-tokens", "128",
