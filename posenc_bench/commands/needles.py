@@ -41,7 +41,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_device(p)
     p.add_argument("--trust-remote-code", action="store_true", help="allow a hub model's own code (off by default)")
     p.add_argument("--out", help="folder for needles.json, needles.md and the heat maps (default "
-                                 "runs/needles-<model>); rerun it to resume: rows already there are kept")
+                                 "runs/needles-<model>); rerun it to resume: rows already there are kept, and a row "
+                                 "stopped part way resumes at its next length")
     return p
 
 
@@ -49,6 +50,7 @@ def cmd(args: argparse.Namespace) -> int:
     from posenc_bench.analysis.plots import plot_needle_heatmaps
     from posenc_bench.bench.eval import needles, passkey
     from posenc_bench.bench.eval.scalings import parse_scalings, require_hf
+    from posenc_bench.bench.records import ResultsFolder
     from posenc_bench.env import git_commit, versions
     from posenc_bench.errors import PosencError
     from posenc_bench.files import RUNS
@@ -69,17 +71,18 @@ def cmd(args: argparse.Namespace) -> int:
                           seed=args.seed, threshold=threshold)
     slug = re.sub(r"[^\w.-]+", "-", lm.name.split("/")[-1].split(" ")[0]).strip("-") or "model"
     out = Path(args.out or f"{RUNS}/needles-{slug}")
-    previous = None
-    if (out / "needles.json").is_file():
-        try:
-            previous = json.loads((out / "needles.json").read_text())
-        except json.JSONDecodeError as e:
-            raise PosencError(f"{out / 'needles.json'} is not valid JSON ({e}); move it or use another --out") from None
     meta = {"versions": versions(), "git_commit": git_commit()}
     print(f"posenc-bench needles: {lm.name}, train length {lm.train_len}; lengths {list(sweep.lengths)}; "
           f"{', '.join(variants)}; {len(scalings)} zero-shot row(s); haystack {args.data} ({args.split}); out {out}")
-    result = needles.needle_sweep(lm, sweep, scalings, previous=previous,
-                                  save=lambda result: needles.write(result, out, meta))
+    with ResultsFolder(out, "needles.json"):  # one writer at a time
+        previous = None
+        if (out / "needles.json").is_file():
+            try:
+                previous = json.loads((out / "needles.json").read_text())
+            except json.JSONDecodeError as e:
+                raise PosencError(f"{out / 'needles.json'} is not valid JSON ({e}); move it or use another --out") from None
+        result = needles.needle_sweep(lm, sweep, scalings, previous=previous,
+                                      save=lambda result: needles.write(result, out, meta), folder=out)
     print(needles.markdown(result), end="")
     figures = plot_needle_heatmaps(result, out)
     print(f"wrote {out / 'needles.json'}, {out / 'needles.md'} and {len(figures)} heat map(s)")

@@ -3,6 +3,7 @@
 import json
 import re
 
+from posenc_bench.bench.records import ResultsFolder
 from posenc_bench.commands.cli import main
 
 from tests.commands.cli_helpers import parsed
@@ -56,6 +57,9 @@ def test_needles_on_a_hugging_face_model_every_row_resumes_and_draws_heat_maps(l
     assert [r["row"] for r in json.loads((out / "needles.json").read_text())["rows"]] == [r["row"] for r in data["rows"]]
     assert main([*argv, "--threshold", "1x"]) == 2  # 16,32x: the model's own length was not measured
     assert "--threshold 1x needs the model's own row measured at its train length 32" in capsys.readouterr().err
+    with ResultsFolder(out, "needles.json"):  # another writer holds the folder: refused before anything runs
+        assert main(argv) == 2
+    assert f"{out} is being written by pid" in capsys.readouterr().err
 
 
 def test_needles_on_our_checkpoint_runs_each_prompt_whole(tmp_path, capsys):

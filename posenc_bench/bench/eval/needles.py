@@ -35,6 +35,7 @@ length, with the model itself as the reference): how far each scaling keeps what
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ import torch
 from posenc_bench.bench.eval.haystack import HaystackText, draw, new_key, new_value
 from posenc_bench.bench.eval import passkey
 from posenc_bench.bench.eval.passkey import PasskeyLM
+from posenc_bench.bench.eval.progress import RowProgress
 from posenc_bench.bench.records import measured_needles, needle_record, not_measured
 from posenc_bench.errors import ConfigError, PosencError
 
@@ -57,6 +59,7 @@ QUESTION = ("\nWhat are all the special magic numbers for {keys} mentioned in th
             "The special magic numbers for {keys} mentioned in the provided text are")
 SEPARATOR = ","  # between the values of one answer: " v1, v2, v3"
 DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+PARTIAL = "needles.partial.json"  # the finished lengths of rows not yet whole (``progress.RowProgress``)
 RULER_THRESHOLD = 0.856  # RULER: Llama2-7B's average score at 4K tokens, the bar for "effective length"
 OWN = "1x"  # the other threshold: the model's own accuracy at its train length
 
@@ -240,71 +243,92 @@ class Sweep:
         self.depths = sorted(float(d) for d in self.depths)
         check(self.variants, self.depths, self.trials, self.threshold)
 
-    def run(self, lm: RetrievalLM, scaling: Optional[str] = None, log: Callable[[str], None] = print) -> dict:
-        """One row: its records, a share of needles retrieved per (variant, length, depth)."""
+    def run(self, lm: RetrievalLM, scaling: Optional[str] = None, log: Callable[[str], None] = print,
+            progress: Optional[RowProgress] = None) -> dict:
+        """One row: its records, a share of needles retrieved per (variant, length, depth); each length's records
+        kept in ``progress`` as it ends (one of SmolLM2's rows to 4x is hours of CPU), and taken from it where
+        an interrupted run of the same test kept them."""
         records = []
         for L in self.lengths:
-            try:
-                lm.set_length(L)
-            except PosencError as e:
-                records += [not_measured(needle_record(v, L, lm.train_len, d), "n/a", str(e))
-                            for v in self.variants for d in self.depths]
-                log(f"  {lm.name} L={L}: n/a ({e})")
-                continue
-            for v in self.variants:
-                tried: dict[float, list[dict]] = {d: [] for d in self.depths}
-                for t in range(self.trials):
-                    trial = build_trial(lm, self.text, v, L, self.depths, random.Random(f"{self.seed}:{v}:{L}:{t}"))
-                    for needle, right in zip(trial.needles, retrieved(trial, answer(lm, trial))):
-                        tried[needle.depth].append({"trial": t, "key": needle.key, "value": needle.value,
-                                                    "at": needle.at, "right": right})
-                records += [measured_needles(needle_record(v, L, lm.train_len, d), tried[d]) for d in self.depths]
-            got = [r for r in records if r["length"] == L]
-            log(f"  {lm.name} L={L}{' (one prefill per haystack)' if cached(lm) else ''}: "
-                + ", ".join(f"{v} {sum(r['correct'] for r in got if r['variant'] == v)}/"
-                            f"{sum(r['needles'] for r in got if r['variant'] == v)}" for v in self.variants))
+            kept = progress and progress.record(L)
+            if kept is None:
+                kept = self._length(lm, L, log)
+                if progress is not None:
+                    progress.keep_record(L, kept)
+            else:
+                log(f"  {lm.name} L={L}: done before, kept")
+            records += kept
         if hasattr(lm, "release"):
             lm.release()  # rows of one Hugging Face model share its weights: put them back as loaded
         return {"row": lm.name, "scaling": scaling, "records": records}
+
+    def _length(self, lm: RetrievalLM, L: int, log: Callable[[str], None]) -> list[dict]:
+        """The row's records at prompt length ``L``: one per (variant, depth)."""
+        try:
+            lm.set_length(L)
+        except PosencError as e:
+            log(f"  {lm.name} L={L}: n/a ({e})")
+            return [not_measured(needle_record(v, L, lm.train_len, d), "n/a", str(e))
+                    for v in self.variants for d in self.depths]
+        records = []
+        for v in self.variants:
+            tried: dict[float, list[dict]] = {d: [] for d in self.depths}
+            for t in range(self.trials):
+                trial = build_trial(lm, self.text, v, L, self.depths, random.Random(f"{self.seed}:{v}:{L}:{t}"))
+                for needle, right in zip(trial.needles, retrieved(trial, answer(lm, trial))):
+                    tried[needle.depth].append({"trial": t, "key": needle.key, "value": needle.value,
+                                                "at": needle.at, "right": right})
+            records += [measured_needles(needle_record(v, L, lm.train_len, d), tried[d]) for d in self.depths]
+        log(f"  {lm.name} L={L}{' (one prefill per haystack)' if cached(lm) else ''}: "
+            + ", ".join(f"{v} {sum(r['correct'] for r in records if r['variant'] == v)}/"
+                        f"{sum(r['needles'] for r in records if r['variant'] == v)}" for v in self.variants))
+        return records
 
 
 SAME = ("model", "identity", "train_len", "seed", "trials", "variants", "depths", "lengths", "haystack")
 
 
 def needle_sweep(lm: RetrievalLM, sweep: Sweep, scalings: Sequence[str] = (), log: Callable[[str], None] = print,
-                 previous: Optional[dict] = None, save: Optional[Callable[[dict], None]] = None) -> dict:
+                 previous: Optional[dict] = None, save: Optional[Callable[[dict], None]] = None,
+                 folder: Optional[Path] = None) -> dict:
     """The model's own row, then the row of each zero-shot scaling or fix (``lm.with_scaling``), on the same
     haystacks; the result that ``markdown``, ``write`` and ``analysis/plots.plot_needle_heatmaps`` read.
     ``previous``: an earlier result of the same test (every field of ``SAME`` equal, else PosencError naming
     the first that differs), whose rows are kept rather than run again (the threshold may differ: effective
-    lengths are computed from the records, ``summarize``); ``save(result)`` after each row."""
+    lengths are computed from the records, ``summarize``); ``save(result)`` after each row. With ``folder``, a
+    row's finished lengths are kept in its ``PARTIAL`` (under a hash of ``SAME``) until the row is saved whole."""
     result = {"model": lm.name, "identity": {k: v for k, v in (getattr(lm, "checkpoint_meta", None) or {}).items()
                                              if k != "rope_scaling"},
               "train_len": lm.train_len, "seed": sweep.seed, "trials": sweep.trials,
               "variants": list(sweep.variants), "depths": list(sweep.depths), "lengths": list(sweep.lengths),
               "haystack": sweep.text.description, "rows": []}
+    same = json.loads(json.dumps({k: result[k] for k in SAME}))
     done = {}
     if previous is not None:
-        differ = next((k for k in SAME if previous.get(k) != json.loads(json.dumps(result[k]))), None)
+        differ = next((k for k in SAME if previous.get(k) != same[k]), None)
         if differ:
             raise PosencError(f"the needles.json there was measured with another {differ} ({previous.get(differ)!r}, "
                               f"now {result[differ]!r}); use another --out")
         done = {row["row"]: row for row in previous["rows"]}
+    key = hashlib.sha256(json.dumps(same, sort_keys=True).encode()).hexdigest()[:16]
     for s in [None, *scalings]:
         row_lm = lm if s is None else lm.with_scaling(s)
         if row_lm.name in done:
             log(f"  {row_lm.name}: done before, kept")
             result["rows"].append(done.pop(row_lm.name))
-        else:
-            result["rows"].append(sweep.run(row_lm, s, log))
+            continue
+        progress = folder and RowProgress(folder, row_lm.name, key, PARTIAL)
+        result["rows"].append(sweep.run(row_lm, s, log, progress))
         summarize(result, sweep.threshold)
         if save is not None:
             save(result)
+        if progress:
+            progress.drop()  # the row is whole in the result: its lengths go
     if done:  # rows of an earlier, longer --rope-scaling list stay
         result["rows"] += list(done.values())
-        summarize(result, sweep.threshold)
-        if save is not None:
-            save(result)
+    summarize(result, sweep.threshold)
+    if save is not None:
+        save(result)
     return result
 
 

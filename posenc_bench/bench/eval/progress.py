@@ -7,6 +7,7 @@ never see half a row); until then each finished length's record and each valid p
 ``eval.partial.json`` beside it, under the row's eval key, written atomically after each. A rerun of the same
 command takes them instead of measuring again (another eval key starts the row afresh), and the row's entry is
 dropped once the row is whole. The folder's lock (``records.ResultsFolder``) makes its writer the only one.
+``posenc-bench needles`` keeps its rows' finished lengths the same way, in ``needles.partial.json``.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ def _point_key(length: int, point: dict) -> str:
 
 
 class RowProgress:
-    """Row ``row``'s progress in ``folder``, kept under ``key`` (its eval key)."""
+    """Row ``row``'s progress in ``folder``'s file ``name``, kept under ``key`` (what its numbers depend on: its eval
+    key), a record (any JSON value) per finished length."""
 
-    def __init__(self, folder: Path, row: str, key: str) -> None:
-        self.path, self.row = Path(folder) / PARTIAL, row
+    def __init__(self, folder: Path, row: str, key: str, name: str = PARTIAL) -> None:
+        self.path, self.row = Path(folder) / name, row
         self.data = self._read()  # every row's entry: the folder's one writer holds them all
         entry = self.data.get(row)
         self.entry = entry if entry and entry.get("eval_key") == key else {"eval_key": key, "records": {}, "valid": {}}
@@ -42,7 +44,7 @@ class RowProgress:
         except (OSError, ValueError) as e:
             data = e
         if not isinstance(data, dict):
-            raise ResultsError(f"{self.path}: not the progress file eval writes ({data}); it holds only unfinished "
+            raise ResultsError(f"{self.path}: not a progress file posenc-bench writes ({data}); it holds only unfinished "
                                "rows' work: delete it to measure those rows afresh")
         return data
 
@@ -54,10 +56,10 @@ class RowProgress:
         """The eval lengths whose records are kept."""
         return sorted(int(L) for L in self.entry["records"])
 
-    def record(self, length: int) -> Optional[dict]:
+    def record(self, length: int) -> Optional[dict | list]:
         return self.entry["records"].get(str(length))
 
-    def keep_record(self, length: int, record: dict) -> None:
+    def keep_record(self, length: int, record: dict | list) -> None:
         self.entry["records"][str(length)] = record
         self._save()
 

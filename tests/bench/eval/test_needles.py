@@ -2,6 +2,7 @@
 one prefill per haystack giving the answers of the whole prompt, scoring, effective length, heat maps."""
 
 import itertools
+import json
 import random
 import re
 
@@ -139,6 +140,42 @@ def test_a_copying_oracle_gets_every_needle_and_one_that_sees_a_window_misses_th
     assert row(NeedleOracle(sight=700)) == near  # the same haystacks every time
     cut = row(NeedleOracle(max_len=1000))
     assert {r["status"] for r in cut["records"] if r["length"] == 1200} == {"n/a"} and cut["effective_length"] == 600
+
+
+class StoppedAt(NeedleOracle):
+    """The oracle, stopped (as a machine that goes down) when it is first set to ``stop`` tokens."""
+
+    def __init__(self, stop=None, **kw):
+        super().__init__(**kw)
+        self.stop, self.lengths = stop, []
+
+    def set_length(self, length):
+        self.lengths.append(length)
+        if length == self.stop:
+            raise KeyboardInterrupt
+        super().set_length(length)
+
+
+def test_a_row_stopped_part_way_resumes_at_its_next_length(tmp_path):
+    """Each finished length of a row is kept in needles.partial.json (under a hash of the test): a rerun after a
+    stop measures only the lengths left, to the row of a run never stopped, and the file goes once the row is
+    whole; another test (other depths) never takes them."""
+    sweep = Sweep(PROSE, [600, 900, 1200], depths=[0.0, 1.0])
+    whole = needles.needle_sweep(NeedleOracle(sight=700), sweep, log=lambda s: None)
+    stopped = StoppedAt(1200, sight=700)
+    with pytest.raises(KeyboardInterrupt):
+        needles.needle_sweep(stopped, sweep, log=lambda s: None, folder=tmp_path)
+    kept = json.loads((tmp_path / needles.PARTIAL).read_text())["oracle"]["records"]
+    assert sorted(kept) == ["600", "900"] and stopped.lengths == [600, 900, 1200]
+    other = StoppedAt(None, sight=700)
+    needles.needle_sweep(other, Sweep(PROSE, [600, 900, 1200], depths=[0.0, 0.5]), log=lambda s: None, folder=tmp_path)
+    assert other.lengths == [600, 900, 1200]  # another test: nothing taken (and its own entry replaced the row's)
+    with pytest.raises(KeyboardInterrupt):  # stopped again, from the start
+        needles.needle_sweep(StoppedAt(1200, sight=700), sweep, log=lambda s: None, folder=tmp_path)
+    resumed, log = StoppedAt(None, sight=700), []
+    result = needles.needle_sweep(resumed, sweep, log=log.append, folder=tmp_path)
+    assert resumed.lengths == [1200] and "  oracle L=600: done before, kept" in log
+    assert result["rows"] == whole["rows"] and not (tmp_path / needles.PARTIAL).exists()
 
 
 def test_one_prefill_per_haystack_and_the_whole_prompt_per_question_without_a_cache():
