@@ -62,7 +62,7 @@ import pytest
 import yaml
 
 from posenc_bench import metrics
-from posenc_bench.analysis import findings, report
+from posenc_bench.analysis import captions, findings, report
 from posenc_bench.analysis.context import context_use
 from posenc_bench.analysis.runs import load_runs, row_order, run_intervals, train_len
 from posenc_bench.analysis.stats.distributions import smallest_sign_flip_p, t_quantile
@@ -502,7 +502,9 @@ def _text_numbers(text: str, rows: Iterable[str], into: Admissible) -> None:
     (any one of them) at the length its table column or its clause names (none in particular where neither
     does)."""
     header: Optional[list] = None  # the multiple of each column of the table being read
+    untuned = re.compile(rf" {re.escape(captions.UNTUNED)}: .*?\.(?= |$)")  # a caption's list of rows, no number
     for line in text.splitlines():
+        line = untuned.sub("", line)
         if not line.startswith("|"):
             header = None
             cells = line.split(";")

@@ -90,7 +90,7 @@ def caption(run: dict, records: Optional[list[dict]] = None) -> str:
         f"{run['eval_tokens']:,} {_scored(run)} scored at every length "
         f"(eval {run['eval_fingerprint']}){_protocol(cfg)}; seeds {','.join(map(str, seeds))}; device {run['device']}; "
         f"torch {run['versions']['torch']}; {_commits(run, records)}."
-    ) + tuning_text(records)
+    ) + tuning_text(records) + untuned_text(run, records)
 
 
 def tuning_text(records: Optional[list[dict]]) -> str:
@@ -112,6 +112,49 @@ def tuning_text(records: Optional[list[dict]]) -> str:
         rows.append(f"{row} {label}: " + "; ".join(lengths))
     return (" Tuned on the valid split (eval.tune: at each length the grid's point with the best valid value, the "
             "authors' default first and kept on a tie; the test number is at that point): " + ". ".join(rows) + ".")
+
+
+UNTUNED = "Not tuned (authors' defaults; eval.tune off)"  # untuned_text's clause: it names rows, and no number
+
+
+def _row_of(run: dict, record: dict):
+    """The zero-shot row a text record was scored as (``bench.rows.Row``; a pretrained model's scaling as the
+    rope model's row of that name), or None: a trained row, the model itself, a name this install lacks."""
+    from posenc_bench.bench.rows import Row, rope_row
+    from posenc_bench.errors import ConfigError
+
+    if _is_hf(run):
+        return record.get("scaling") and rope_row(record["scaling"])
+    try:
+        row = Row.parse(record["encoding"])
+    except ConfigError:
+        return None
+    return row if row.eval_only else None
+
+
+def untuned_text(run: dict, records: Optional[list[dict]]) -> str:
+    """" At their authors' defaults ...": the zero-shot rows a text table shows without ``tuning`` although their
+    grid has two or more points at one of its lengths (``Row.grid``: YaRN's ramp past 1x, ReRoPE's
+    window, ...), so that an untuned table says so as a tuned one says what it chose; "" when there is none."""
+    from posenc_bench.model.transformer import encoding_options
+
+    if _is_task(run):
+        return ""  # a task's windows are an instance's input (tune.window_length): its folders say it in prose
+    cfg = run.get("config", {})
+    options = cfg.get("model", {}).get("encoding_options", {})
+    train_len = run.get("train_len") or cfg.get("train", {}).get("train_len")
+    if train_len is None:
+        return ""  # a hand-made results file without it: nothing to tell the grids by
+    rows: dict[str, None] = {}
+    for r in records or []:
+        if r.get("status") != "ok" or r.get("tuning") or r["encoding"] in rows or (row := _row_of(run, r)) is None:
+            continue
+        held = {} if _is_hf(run) else encoding_options(options, row.encoding)  # held, as tune.points holds them
+        if row.grid(train_len, r["eval_len"], held):
+            rows[r["encoding"]] = None
+    if not rows:
+        return ""
+    return f" {UNTUNED}: " + ", ".join(rows) + "."
 
 
 def _tuned_length(ratio: float, records: list[dict], names: list[str]) -> str:
@@ -206,7 +249,7 @@ def hf_caption(run: dict, records: Optional[list[dict]] = None) -> str:
         f"({run['eval_bytes']:,} bytes) scored at every length (eval {run['eval_fingerprint']}); device {run['device']}; "
         f"torch {run['versions']['torch']}, transformers {run['versions']['transformers']}; "
         f"commit {_short_commit(run['git_commit'])}."
-    ) + tuning_text(records)
+    ) + tuning_text(records) + untuned_text(run, records)
 
 
 def short_caption(run: dict, records: Optional[list[dict]] = None) -> str:

@@ -115,6 +115,25 @@ class Row:
         return row
 
 
+    def grid(self, train_len: int, window: int, options: dict) -> list[dict]:
+        """The tuning grid of this zero-shot row at windows of ``window`` tokens of a model trained at ``train_len``
+        (its class's ``tuning_grid``, the authors' values first), with its configured ``options`` held (dropped
+        from every point, equal points merged); [] with fewer than two points left: nothing to choose. One rule
+        for our models, a pretrained one and the captions that say whether a row was tuned."""
+        points = self.cls.tuning_grid(train_len, window, options)
+        held = dict.fromkeys(tuple((k, v) for k, v in p.items() if k not in options) for p in points)
+        out = [dict(p) for p in held if p]
+        return out if len(out) > 1 else []
+
+
+def rope_row(scaling: str) -> Optional[Row]:
+    """The zero-shot row of the trained rope model that ``scaling`` names (yarn, sink4+sw124, sink4), or None."""
+    try:
+        return Row("rope").variant(scaling)
+    except ConfigError:
+        return None
+
+
 def variant_name(encoding: str, suffix: str) -> str:
     """The name of the zero-shot row ``suffix`` of the trained ``encoding``: rope-yarn, rope+sink4+sw124."""
     return f"{encoding}+{suffix}" if sink_rows.parse(f"{encoding}+{suffix}") is not None else f"{encoding}-{suffix}"

@@ -116,3 +116,26 @@ def test_a_tuned_rows_caption_prints_its_grid_choice_and_valid_numbers_and_untun
     text_run = dict(data["run"], corpus={"source": "stdlib", "fingerprint": "abc"}, eval_tokens=100,
                     eval_fingerprint="e")
     assert "(8, 10) on 1 of 2 seeds" in caption(text_run, data["records"])  # the perplexity track's caption too
+
+
+def test_an_untuned_text_table_names_its_zero_shot_rows_that_have_a_grid():
+    """A row that --tune would choose for (a grid of two or more points at one of its lengths) says it is at its
+    authors' defaults; a trained row, a scaling without a grid (llama3) or a tuned record does not; a task's
+    caption leaves it to its folder's prose. The pretrained path: its scalings' rows (results/smollm2)."""
+    from tests.analysis.fake_results import rec
+
+    recs = [rec(row, 0, L, 3.0) for row in ("rope", "rope-yarn", "rope-llama3") for L in (100, 400)]
+    text = caption(run_meta(["rope", "rope-yarn", "rope-llama3"]), recs)
+    assert text.endswith(" Not tuned (authors' defaults; eval.tune off): rope-yarn.")
+    only_1x = [r for r in recs if r["eval_len"] == 100]  # YaRN has no grid at 1x: nothing was left untuned
+    assert "Not tuned" not in caption(run_meta(["rope", "rope-yarn"]), only_1x)
+    tuned = [dict(r, tuning={"grid": [{"beta_fast": 32.0, "beta_slow": 1.0}, {"beta_fast": 16.0, "beta_slow": 1.0}],
+                             "values": [1.0, 2.0], "chosen": {"beta_fast": 32.0, "beta_slow": 1.0}, "chosen_index": 0,
+                             "metric": "ppl", "split": "valid", "higher_is_better": False})
+             if r["encoding"] == "rope-yarn" and r["eval_len"] == 400 else r for r in recs]
+    assert "Not tuned" not in caption(run_meta(["rope", "rope-yarn"]), tuned)
+    smollm2 = json.loads((ROOT / "results" / "smollm2" / "results.json").read_text())
+    assert caption(smollm2["run"], smollm2["records"]).endswith(
+        " Not tuned (authors' defaults; eval.tune off): hf:SmolLM2-135M-Instruct.Q4_1+yarn, "
+        "hf:SmolLM2-135M-Instruct.Q4_1+selfextend, hf:SmolLM2-135M-Instruct.Q4_1+rerope, "
+        "hf:SmolLM2-135M-Instruct.Q4_1+leaky, hf:SmolLM2-135M-Instruct.Q4_1+sink4+sw8188.")

@@ -67,6 +67,26 @@ def test_zero_shot_variants_of_a_trained_row():
         Row("rope").variant("linear-ft")
 
 
+def test_a_rows_tuning_grid_holds_its_configured_options_and_needs_two_points():
+    """Row.grid: the class's grid, authors' values first; a configured option is dropped from every point and equal
+    points merge; fewer than two points left is no grid (a trained row, YaRN at 1x, ReRoPE with its window set)."""
+    yarn = Row("rope-yarn")
+    grid = yarn.grid(512, 2048, {})
+    assert grid[:2] == [{"beta_fast": 32.0, "beta_slow": 1.0}, {"beta_fast": 128.0, "beta_slow": 2.0}] and len(grid) == 6
+    assert yarn.grid(512, 512, {}) == []  # 1x: nothing scales
+    assert yarn.grid(512, 2048, {"beta_fast": 32.0}) == [{"beta_slow": 1.0}, {"beta_slow": 2.0}]  # six points, two left
+    rerope = Row("rope-rerope")
+    assert [p["window"] for p in rerope.grid(512, 1024, {})] == [64, 128, 256, 384]  # L/8 (the author's) first
+    assert rerope.grid(512, 1024, {"window": 64}) == [] and Row("rope").grid(512, 1024, {}) == []
+
+
+def test_rope_row_names_the_rope_models_zero_shot_rows():
+    from posenc_bench.bench.rows import rope_row
+
+    assert rope_row("yarn") == Row("rope-yarn") and rope_row("sink4+sw124") == Row("rope+sink4+sw124")
+    assert rope_row("ft") is None and rope_row("nonsense") is None
+
+
 def test_select_rows_replaces_removes_and_lists_the_valid_names():
     base = ["sinusoidal", "rope", "alibi", "nope"]
     assert select_rows("rope,alibi", base) == ["rope", "alibi"]

@@ -36,11 +36,11 @@ from posenc_bench.bench.eval import tune
 from posenc_bench.bench.eval.hf_text import HFText, hf_text, valid_text
 from posenc_bench.bench.eval.key_tokens import KEY_TOKENS_FILE, KeyTokenFile, KeyTokenRule, KeyTokens, target_nll
 from posenc_bench.bench.eval.progress import PARTIAL, RowProgress
-from posenc_bench.bench.eval.scalings import require_hf, rope_row
+from posenc_bench.bench.eval.scalings import require_hf
 from posenc_bench.bench.keys import eval_key, hf_eval_key, with_key_tokens, with_tuning
 from posenc_bench.bench.records import (ResultsFolder, ResultsStore, check_deletable, finished, measured, model_record,
                                         new_record, not_measured, run_meta, score, summary_line)
-from posenc_bench.bench.rows import Row, variant_name
+from posenc_bench.bench.rows import Row, rope_row, variant_name
 from posenc_bench.bench.run.runtime import Runtime
 from posenc_bench.data import load_corpus, tokens_fingerprint
 from posenc_bench.env import device_description, peak_memory, resolve_device, version_of
@@ -187,7 +187,7 @@ class _HFRows:
     """The rows of one Hugging Face model: the model itself, then each zero-shot row of it: a frequency
     scaling through transformers' own rope_parameters (``hf/rope.py``), or one of our rows of the trained rope
     model with its attention rerouted through our encoding (``hf/attention.py``). With ``valid`` (``--tune``), a
-    row with a grid at a length (``tune.grid_points``) is scored there at the point chosen on ``valid``."""
+    row with a grid at a length (``Row.grid``) is scored there at the point chosen on ``valid``."""
 
     def __init__(self, hf: HFModel, run: dict, text: HFText, key: str, valid: Optional[HFText],
                  show_progress: Optional[bool], log: Callable[[str], None]) -> None:
@@ -207,7 +207,7 @@ class _HFRows:
         """{length: grid} of zero-shot row ``scaling`` with ``--tune`` (none unscaled, untuned or gridless)."""
         if self.valid is None or scaling is None or (row := rope_row(scaling)) is None:
             return {}
-        found = {str(L): tune.grid_points(row, self.run["train_len"], L, {}) for L in self.run["eval_lengths"]}
+        found = {str(L): row.grid(self.run["train_len"], L, {}) for L in self.run["eval_lengths"]}
         return {L: grid for L, grid in found.items() if grid}
 
     def evaluate(self, store: ResultsStore, row: str) -> None:

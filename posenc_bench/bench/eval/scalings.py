@@ -4,9 +4,7 @@ a Hugging Face model reaches through our attention (``hf/attention.py``)."""
 
 from __future__ import annotations
 
-from typing import Optional
-
-from posenc_bench.bench.rows import Row
+from posenc_bench.bench.rows import Row, rope_row
 from posenc_bench.errors import ConfigError
 from posenc_bench.hf import rope as hf_rope
 
@@ -17,14 +15,6 @@ def checkpoint_scalings() -> list[str]:
     from posenc_bench import encodings
 
     return [Row(n).suffix for n in encodings.variants("rope")]
-
-
-def rope_row(scaling: str) -> Optional[Row]:
-    """The zero-shot row of the trained rope model that ``scaling`` names (yarn, sink4+sw124, sink4), or None."""
-    try:
-        return Row("rope").variant(scaling)
-    except ConfigError:
-        return None
 
 
 def parse_scalings(value: str) -> list[str]:

@@ -58,18 +58,7 @@ def points(cfg, row: Row, length: int) -> list[dict]:
     zero-shot, or with fewer than two points once the row's configured options are held."""
     if not row.eval_only:
         return []
-    return grid_points(row, cfg.train.train_len, window_length(cfg, length),
-                       row_options(cfg.model.encoding_options, row))
-
-
-def grid_points(row: Row, train_len: int, window: int, options: dict) -> list[dict]:
-    """The grid of zero-shot ``row`` at windows of ``window`` tokens of a model trained at ``train_len``, with
-    its configured ``options`` held (dropped from every point, equal points merged); [] with fewer than two
-    points left. One rule for our models (``points``) and a pretrained one (``pretrained.eval_hf``'s rows)."""
-    grid = row.cls.tuning_grid(train_len, window, options)
-    held = dict.fromkeys(tuple((k, v) for k, v in p.items() if k not in options) for p in grid)
-    out = [dict(p) for p in held if p]
-    return out if len(out) > 1 else []
+    return row.grid(cfg.train.train_len, window_length(cfg, length), row_options(cfg.model.encoding_options, row))
 
 
 def grids(cfg, row: Row) -> dict[str, list[dict]]:
