@@ -124,7 +124,7 @@ def _row_of(run: dict, record: dict):
     from posenc_bench.errors import ConfigError
 
     if _is_hf(run):
-        return record.get("scaling") and rope_row(record["scaling"])
+        return rope_row(record["scaling"]) if record.get("scaling") else None
     try:
         row = Row.parse(record["encoding"])
     except ConfigError:

@@ -45,7 +45,9 @@ def hashed_numerics(numerics: int) -> str:
     return _HASHED.get(numerics, f"numerics {numerics}")
 
 
-def _hash(ident: dict) -> str:
+def ident_hash(ident: dict) -> str:
+    """The 16-hex-digit hash every key here is: of ``ident`` as sorted JSON (what else keys a folder's work uses it
+    too, e.g. ``needles``' unfinished rows)."""
     return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -82,7 +84,7 @@ def cell_key(cfg: RunConfig, trained: Row, seed: int, corpus_fingerprint: str) -
     resolved = trained.cls.key_options(cfg.train.train_len, cfg.model.encoding_options.get(name, {}))
     if resolved:  # e.g. +rand's position range; absent for every other encoding, whose keys stay as they were
         ident["resolved_options"] = resolved
-    return _hash(ident)
+    return ident_hash(ident)
 
 
 def train_ident(cfg: RunConfig) -> dict:
@@ -109,7 +111,7 @@ def finetune_key(base_key: str, cfg: RunConfig, row: Row) -> str:
     plan = cfg.finetune_plan()
     ident = {"base": base_key, "encoding": row.encoding, "options": cfg.model.encoding_options.get(row.encoding, {}),
              "finetune": asdict(plan), "factor": plan.len / cfg.train.train_len}
-    return _hash(ident)
+    return ident_hash(ident)
 
 
 def model_key(cfg: RunConfig, row: Row, seed: int, corpus_fingerprint: str) -> str:
@@ -139,7 +141,7 @@ def eval_key(cfg: RunConfig, row: Optional[Row] = None) -> str:
     tuned = tune.grids(cfg, row) if row is not None else {}
     if tuned:  # eval.tune: the grid of each length, chosen on the valid split; absent where nothing is tuned
         ident["tuning"] = {"split": tune.SPLIT, "grids": tuned}
-    return _hash(ident)
+    return ident_hash(ident)
 
 
 def row_eval_options(encoding_options: dict, row: Row) -> dict:
@@ -158,21 +160,21 @@ def hf_eval_key(model: dict, *, train_len: int, lengths: list[int], corpus: str,
     ident = {"model": model, "train_len": train_len, "lengths": lengths, "corpus": corpus,
              "eval_fingerprint": eval_fingerprint, "doc_sep": doc_sep, "separators": "context", "buckets": buckets,
              "unit": unit}
-    return _hash(ident)
+    return ident_hash(ident)
 
 
 def with_key_tokens(key: str, key_tokens: Optional[dict]) -> str:
     """An eval key extended by the key-token rule (``bench/eval/key_tokens.KeyTokenRule.describe``: the evaluator,
     alpha, beta, the short pass), so records whose LongPPL rests on another evaluator or rule never match; without
     key tokens (None) the key is unchanged, so every existing record stays reusable."""
-    return key if key_tokens is None else _hash({"eval_key": key, "key_tokens": key_tokens})
+    return key if key_tokens is None else ident_hash({"eval_key": key, "key_tokens": key_tokens})
 
 
 def with_tuning(key: str, grids: dict, valid: Optional[dict]) -> str:
     """A pretrained model's row key extended by its ``eval --tune`` grids ({length: grid}) and the valid text they
     are chosen on (``pretrained._HFRows``), as ``grids`` extends a run's eval key: a tuned record never matches an
     untuned one, or the reverse; a row with nothing to tune ({}) keeps the key it always had."""
-    return key if not grids else _hash({"eval_key": key, "tune": grids, "valid": valid})
+    return key if not grids else ident_hash({"eval_key": key, "tune": grids, "valid": valid})
 
 
 class Keys:

@@ -114,7 +114,6 @@ class Row:
                               f"zero-shot rows: {', '.join(valid) or '(none)'}, and {self.encoding}+sink<S>+sw<W>")
         return row
 
-
     def grid(self, train_len: int, window: int, options: dict) -> list[dict]:
         """The tuning grid of this zero-shot row at windows of ``window`` tokens of a model trained at ``train_len``
         (its class's ``tuning_grid``, the authors' values first), with its configured ``options`` held (dropped

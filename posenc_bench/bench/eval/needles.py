@@ -35,7 +35,6 @@ length, with the model itself as the reference): how far each scaling keeps what
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ from posenc_bench.bench.eval.haystack import HaystackText, draw, new_key, new_va
 from posenc_bench.bench.eval import passkey
 from posenc_bench.bench.eval.passkey import PasskeyLM
 from posenc_bench.bench.eval.progress import RowProgress
+from posenc_bench.bench.keys import ident_hash
 from posenc_bench.bench.records import measured_needles, needle_record, not_measured
 from posenc_bench.errors import ConfigError, PosencError
 
@@ -310,7 +310,7 @@ def needle_sweep(lm: RetrievalLM, sweep: Sweep, scalings: Sequence[str] = (), lo
             raise PosencError(f"the needles.json there was measured with another {differ} ({previous.get(differ)!r}, "
                               f"now {result[differ]!r}); use another --out")
         done = {row["row"]: row for row in previous["rows"]}
-    key = hashlib.sha256(json.dumps(same, sort_keys=True).encode()).hexdigest()[:16]
+    key = ident_hash(same)
     for s in [None, *scalings]:
         row_lm = lm if s is None else lm.with_scaling(s)
         if row_lm.name in done:
