@@ -43,8 +43,10 @@ Deviations, each with its reason:
   pointwise, so no visible logit changes.
 - f's first layer is applied as W_x x + (W_b B + b): the same product as the authors' Linear on the
   concatenation, with the bias half computed once per chunk and broadcast over the batch instead of tiled
-  (B is the same for every sequence). In evaluation f runs over a few query rows at a time, so its (q, k, W)
-  hidden layer stays within the size of one (B, H, q, k) logits tensor (the plan sizes chunks for a few).
+  (B is the same for every sequence). On the CPU in float32, f runs in C (``dape_kernel``): each pair's
+  hidden layer in registers, recomputed in backward instead of held, and the keys a whole query row cannot see
+  skipped. Elsewhere (torch ops) evaluation runs f over a few query rows at a time, so its (q, k, W) hidden
+  layer stays within the size of one (B, H, q, k) logits tensor (the plan sizes chunks for a few).
 - The authors compute in the training precision (fp16); here logits, bias and f's input are float32.
 - Attention sinks (``dape-kerple+sink4+sw64``) are refused: on the explicit-logits path the base bias
   towards the sinks would be read at true positions rather than at the queries' cache positions.
@@ -55,12 +57,13 @@ explicitly, chunk by chunk (``model/explicit.py``), so memory stays bounded by t
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from posenc_bench.encodings import dape_kernel
 from posenc_bench.encodings.alibi import ALiBi
 from posenc_bench.encodings.base import Encoding, LayerOf
 from posenc_bench.encodings.kerple import KerpleLog
@@ -82,7 +85,7 @@ class DAPEMLP(nn.Module):
         self.proj = nn.Linear(width, n_heads)
 
     def forward(self, logits: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        """f([logits; bias]) (B, H, q, k) from logits (B, H, q, k) and bias (1 or B, H, q, k)."""
+        """f([logits; bias]) (B, H, q, k) from logits (B, H, q, k) and bias (1 or B, H, q, k), on torch ops."""
         H = self.n_heads
         x = logits.permute(0, 2, 3, 1)  # (B, H, q, k) -> (B, q, k, H)
         b = bias.permute(0, 2, 3, 1)  # (1 or B, H, q, k) -> (1 or B, q, k, H)
@@ -90,6 +93,12 @@ class DAPEMLP(nn.Module):
         pre = F.linear(x, self.fc.weight[:, :H]) + F.linear(b, self.fc.weight[:, H:], self.fc.bias)  # (B, q, k, W)
         hidden = F.leaky_relu(pre, NEGATIVE_SLOPE)
         return F.linear(hidden, self.proj.weight, self.proj.bias).permute(0, 3, 1, 2)  # (B, q, k, H) -> (B, H, q, k)
+
+    def kernel_args(self, logits: torch.Tensor, bias: torch.Tensor) -> Optional[tuple[torch.Tensor, ...]]:
+        """The weights as ``dape_kernel.PairMLP`` takes them (fc's weight and bias, proj's), or None where its C
+        kernels do not take these tensors (not float32 on the CPU, or no compiler): then ``forward`` runs."""
+        weights = (self.fc.weight, self.fc.bias, self.proj.weight, self.proj.bias)
+        return weights if dape_kernel.usable(logits, bias, *weights) else None
 
 
 class DAPEBlock(nn.Module):
@@ -106,6 +115,10 @@ class DAPEBlock(nn.Module):
         -inf) added after f, as the authors mask after it."""
         content = (q.float() @ k.float().transpose(-1, -2)).mul_(scale)  # (B, H, q, k); a fresh tensor
         bias = self.base.bias(q_pos, k_pos).float()  # (1, H, q, k)
+        weights = self.mlp.kernel_args(content, bias)
+        if weights is not None:  # the C kernels: no hidden layer in memory, keys hidden from a whole row skipped
+            f = dape_kernel.PairMLP.apply(content, bias, dape_kernel.row_limits(mask), *weights, NEGATIVE_SLOPE)
+            return torch.add(content, bias).add_(f).add_(mask)
         if torch.is_grad_enabled():
             return content + bias + self.mlp(content, bias) + mask
         out = content + bias  # (B, H, q, k)

@@ -2,7 +2,8 @@
 (logits -> [logits; tril bias] -> MLP -> residual -> mask -> softmax -> @ v), on chunked eval and training paths,
 values and gradients; the authors' initialisation (torch's default Linear, so f is not zero at the start; with
 its last layer zeroed DAPE is its base row); one f and one base per layer; gradients; causality; no NaN from
-the -inf mask; the checkpoint round trip; bad options and attention sinks refused."""
+the -inf mask; the checkpoint round trip; bad options and attention sinks refused. The formula tests run on
+both paths of f: the C kernels (``dape_kernel``, float32 on the CPU) and the torch ops."""
 
 import math
 
@@ -10,7 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from posenc_bench import encodings
+from posenc_bench import encodings, native
+from posenc_bench.encodings import dape_kernel
 from posenc_bench.errors import ConfigError
 from posenc_bench.model.attention import attend
 from posenc_bench.model.plan import AttentionPlan
@@ -19,6 +21,16 @@ from posenc_bench.model.transformer import DecoderLM, ModelConfig
 ROWS = ["dape-kerple", "dape-alibi"]
 BASE = {"dape-kerple": "kerple", "dape-alibi": "alibi"}
 H, D = 4, 8
+
+
+@pytest.fixture(params=["kernel", "torch"])
+def path(request, monkeypatch):
+    """f on the C kernels (skipped without a compiler) or on torch ops."""
+    if request.param == "kernel" and dape_kernel.library() is None:
+        pytest.skip(native.why_not("dape", dape_kernel.SOURCE))
+    if request.param == "torch":
+        monkeypatch.setattr(dape_kernel, "usable", lambda *tensors: False)
+    return request.param
 
 
 def cfg(n_layers=2, **options):
@@ -76,7 +88,7 @@ def capture(model, layer):
 
 @pytest.mark.parametrize("name", ROWS)
 @pytest.mark.parametrize("window", [None, 5])
-def test_the_models_chunked_eval_attention_is_the_authors_formula(name, window):
+def test_the_models_chunked_eval_attention_is_the_authors_formula(name, window, path):
     """Every layer's attention output, with chunks of 3 queries (and f over one row at a time), past the train
     length, equals the naive formula with that layer's own base and f."""
     torch.manual_seed(0)
@@ -98,7 +110,7 @@ def test_the_models_chunked_eval_attention_is_the_authors_formula(name, window):
 
 
 @pytest.mark.parametrize("name", ROWS)
-def test_training_attention_and_its_gradients_are_the_authors_formula(name):
+def test_training_attention_and_its_gradients_are_the_authors_formula(name, path):
     """In training (two query chunks of 128 at 136 tokens) the layer's output and the gradients of q, k, v, f
     and the base's parameters equal autograd through the naive formula."""
     torch.manual_seed(1)
