@@ -33,12 +33,13 @@ authors' code has it (fla-org/flash-linear-attention at commit bc3b101dcb713ddc5
 Here: each layer has its own W_down, W_up, conv, b, c (``for_layer``), parameters of shape (n_layers, ...) drawn
 from the encoding's own seed stream as every encoding's are; the layer's view for a forward
 (``for_tokens``) holds w (B, H, T, D) and beta (B, H, T) of its hidden states (and, made once per forward for
-every query chunk, each block's product and carried keys below), and its ``attention_logits``
-computes each query chunk's logits exactly (``householder_logits``): the tokens in blocks of ``BLOCK``; keys
-carried to their block's end and queries back to their block's start one H at a time inside the block, the
-block's product H_a ... H_{a+L-1} (D x D, per block, not per pair) carrying the queries back across whole
-blocks, O(T^2 D (1 + D / BLOCK)) per head and 2 BLOCK + T / BLOCK Python steps per chunk, never a product per
-pair (the authors' naive reference does the same with a UT transform per chunk of 64). A sink row
+every query chunk, each block's transforms and carried keys below), and its ``attention_logits``
+computes each query chunk's logits exactly (``householder_logits``), as the authors' naive reference does: the
+tokens in blocks of ``BLOCK`` (their chunk of 64); each block's H's in the UT form (``block_transforms``: one
+triangular solve per block), which gives the pairs inside a block, keys carried to their block's end and queries
+back to its start as matrix products; the block's product (D x D, per block, not per pair) carrying the queries
+back across whole blocks. O(T^2 D (1 + D / BLOCK) + T BLOCK D) per head and T / BLOCK Python steps per chunk,
+never a product per pair. A sink row
 (``path+sink<S>+sw<W>``) applies the H of every token between a sink and the query, as the authors' cache
 would (each cached key updated by every arriving token). The authors' Triton kernels are a faster route to the
 same values on a GPU.
@@ -66,8 +67,8 @@ W_RANK = 32
 CONV_SIZE = 3
 # The eps inside the authors' l2 norm of w (``fla/modules/l2norm.py``): w / sqrt(|w|^2 + eps).
 L2_EPS = 1e-6
-# Tokens per block of ``householder_logits``: Python steps per chunk ~ 2 BLOCK + T / BLOCK.
-BLOCK = 16
+# Tokens per block of ``householder_logits`` (the authors' ``chunk_size``): Python steps per chunk ~ T / BLOCK.
+BLOCK = 64
 
 
 @register("path")
@@ -104,7 +105,7 @@ class PaTHAttention(TokenReading):
         return w.transpose(1, 2), beta.transpose(1, 2)  # (B, H, T, D), (B, H, T)
 
     def read(self, x: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor, dict]:
-        """w, beta and the forward's cache of block products and carried keys (``householder_logits``: made once
+        """w, beta and the forward's cache of block transforms and carried keys (``householder_logits``: made once
         per forward, not once per query chunk)."""
         return (*self.householder(x, layer), {})
 
@@ -117,45 +118,50 @@ class PaTHAttention(TokenReading):
         return householder_logits(q, k, w, beta, q_pos, k_pos, BLOCK, products).float() * scale + mask
 
 
-def _reflect(x: torch.Tensor, w: torch.Tensor, beta: torch.Tensor, rows: Optional[torch.Tensor] = None
-             ) -> torch.Tensor:
-    """x - beta (x . w) w on the rows (..., L) where ``rows`` (L,) is True (every row: None), x elsewhere: H
-    applied to row vectors x (..., L, D) by w (..., D), beta (...,)."""
-    coef = (x @ w[..., None]).squeeze(-1) * beta[..., None]  # (..., L)
-    coef = coef if rows is None else coef * rows
-    return x - coef[..., None] * w[..., None, :]
+def block_transforms(w: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each block's transformations in the UT form of the authors' ``naive_path_attn`` (Joffrain, Low,
+    Quintana-Orti, van de Geijn & Van Zee 2006, "Accumulating Householder transformations, revisited"), from the
+    blocks' w (B, H, n, L, D) and beta (B, H, n, L), with W_b = diag(beta) W per block:
+
+        U = (I + strictly_lower(W_b W^T))^{-1}   (B, H, n, L, L), unit lower triangular,
+        H_{a+L-1} ... H_a = I - W^T U W_b        (B, H, n, D, D) as ``shift`` = W^T U W_b,
+
+    returned as (w, W_b, U, U W_b, shift): what carrying keys to the block's end, queries back to its start and
+    queries across whole blocks read (``_carry``, ``householder_logits``), made once per forward."""
+    L = w.shape[-2]
+    strict = torch.ones(L, L, dtype=torch.bool, device=w.device).tril(-1)
+    eye = torch.eye(L, dtype=w.dtype, device=w.device)
+    wb = w * beta[..., None]  # (B, H, n, L, D)
+    u = torch.linalg.solve_triangular(eye + (wb @ w.transpose(-1, -2)) * strict, eye.expand(*w.shape[:-1], L),
+                                      upper=False, unitriangular=True)  # (B, H, n, L, L)
+    uwb = u @ wb  # (B, H, n, L, D)
+    return w, wb, u, uwb, w.transpose(-1, -2) @ uwb
 
 
-def block_products(w: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
-    """Each block's product H_a H_{a+1} ... H_{a+L-1} (row-wise: P H_r), (B, H, n, D, D), from the blocks' w
-    (B, H, n, L, D) and beta (B, H, n, L)."""
-    D = w.shape[-1]
-    product = torch.eye(D, dtype=w.dtype, device=w.device).expand(*w.shape[:3], D, D)
-    for r in range(w.shape[3]):
-        product = _reflect(product, w[:, :, :, r], beta[:, :, :, r])
-    return product
+def _key_terms(keys: torch.Tensor, blocks: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """U strictly_lower(W_b K^T) (B, H, n, L, L) of keys (B, H, n, L, D) in their blocks: row r, column j holds
+    what H_r ... (the transformations after key j in its block) take off along w_r."""
+    _, wb, u, _, _ = blocks
+    L = keys.shape[-2]
+    strict = torch.ones(L, L, dtype=torch.bool, device=keys.device).tril(-1)
+    return u @ ((wb @ keys.transpose(-1, -2)) * strict)
 
 
-def _carry(keys: torch.Tensor, w: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
-    """Each key carried to its block's end, H_{end} ... H_{j+1} k_j: keys (B, H, n, L, D) by the blocks' w
-    (B, H, n, L, D) and beta (B, H, n, L)."""
-    offset = torch.arange(keys.shape[3], device=keys.device)
-    for r in range(keys.shape[3]):
-        keys = _reflect(keys, w[:, :, :, r], beta[:, :, :, r], offset < r)
-    return keys
+def _carry(keys: torch.Tensor, blocks: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Each key carried to its block's end, H_{end} ... H_{j+1} k_j = k_j - W^T (column j of ``_key_terms``):
+    keys (B, H, n, L, D) by their blocks' ``block_transforms``."""
+    return keys - _key_terms(keys, blocks).transpose(-1, -2) @ blocks[0]
 
 
-def _window_products(w: torch.Tensor, beta: torch.Tensor, block: int, dtype: torch.dtype,
-                     cache: dict) -> torch.Tensor:
-    """``block_products`` of every block of the whole window (blocks from token 0; the last padded with H = I),
-    computed once per forward into ``cache``: they read w and beta alone, the same for every query chunk."""
-    if (block, dtype) not in cache:
-        B, H, T, D = w.shape
-        n = -(-T // block)
-        w_b = F.pad(w.to(dtype), (0, 0, 0, n * block - T)).view(B, H, n, block, D)
-        beta_b = F.pad(beta.to(dtype), (0, n * block - T)).view(B, H, n, block)
-        cache[block, dtype] = block_products(w_b, beta_b)
-    return cache[block, dtype]
+def _blocks_of(w: torch.Tensor, beta: torch.Tensor, start: int, n: int, block: int, dtype: torch.dtype
+               ) -> tuple[torch.Tensor, ...]:
+    """``block_transforms`` of the n blocks from token ``start`` of w (B, H, T, D) and beta (B, H, T), the tokens
+    past T padded with H = I (beta 0)."""
+    B, H, T, D = w.shape
+    end = min(start + n * block, T)
+    w_b = F.pad(w[:, :, start:end].to(dtype), (0, 0, 0, start + n * block - end)).view(B, H, n, block, D)
+    beta_b = F.pad(beta[:, :, start:end].to(dtype), (0, start + n * block - end)).view(B, H, n, block)
+    return block_transforms(w_b, beta_b)
 
 
 def householder_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: torch.Tensor,
@@ -165,9 +171,9 @@ def householder_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: 
     indices q_pos (q,) (consecutive), k (B, H, k, D) at token indices k_pos (k,) (ascending, below the chunk's
     end), from w (B, H, T, D) and beta (B, H, T) of the whole window. Entries of keys after their query are
     finite and meaningless (the mask hides them). ``cache``: the forward's (``read``), where the whole window's
-    block products and each whole block's carried keys are made once for all its query chunks, given in query
-    order (else each chunk makes its range's: work growing with T per chunk, and the chunks' count with T^2 at a
-    fixed mask budget)."""
+    ``block_transforms`` and each whole block's carried keys are made once for all its query chunks, given in
+    query order (else each chunk makes its range's: work growing with T per chunk, and the chunks' count with
+    T^2 at a fixed mask budget)."""
     B, H, _, D = q.shape
     L, T = block, w.shape[2]
     first = int(k_pos.min()) // L * L  # the first token of the first key's block
@@ -177,23 +183,24 @@ def householder_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: 
     nq = nb - bq0
     span = nb * L
     dtype = torch.promote_types(q.dtype, w.dtype)
-    # the range's w and beta, beta 0 (H = I) past the chunk's end: (B, H, nb, L, D), (B, H, nb, L)
-    w_r = F.pad(w[:, :, first:min(qe, T)].to(dtype), (0, 0, 0, span - (min(qe, T) - first)))
-    beta_r = F.pad(beta[:, :, first:min(qe, T)].to(dtype), (0, span - (min(qe, T) - first)))
-    w_r, beta_r = w_r.view(B, H, nb, L, D), beta_r.view(B, H, nb, L)
+    g0 = first // L  # the range's first block, counted from token 0
+    # each block's transforms, of whole blocks (a query only reads rows up to its own, so the chunk's end cuts
+    # nothing): the window's, made once per forward, or the range's
+    if cache is None:
+        blocks = _blocks_of(w, beta, first, nb, L, dtype)
+    else:
+        if ("blocks", L, dtype) not in cache:
+            cache["blocks", L, dtype] = _blocks_of(w, beta, 0, -(-T // L), L, dtype)
+        blocks = tuple(t[:, :, g0:g0 + nb] for t in cache["blocks", L, dtype])
     # keys and queries placed at their tokens in the range, zero elsewhere: (B, H, nb, L, D)
     keys = q.new_zeros(B, H, span, D, dtype=dtype).index_copy(2, k_pos - first, k.to(dtype)).view(B, H, nb, L, D)
     queries = q.new_zeros(B, H, span, D, dtype=dtype).index_copy(2, q_pos - first, q.to(dtype))
     queries = queries.view(B, H, nb, L, D)[:, :, bq0:]  # (B, H, nq, L, D)
-    offset = torch.arange(L, device=q.device)
     # key j -> H_{end} ... H_{j+1} k_j, its block's end: (B, H, nb - 1, L, D), the blocks before the last query
-    # block (the only ones read: each whole, with the same keys in every later chunk, or fewer of them); and each
-    # block's H_a ... H_{a+L-1}: (B, H, nb, D, D), of which the same blocks are read, whole in both (the range's
-    # last block is cut at the chunk's end, the window's is not: that block is never read)
-    g0 = first // L  # the range's first block, counted from token 0
+    # block (the only ones read: each whole, with the same keys in every later chunk, or fewer of them)
+    head = tuple(t[:, :, :nb - 1] for t in blocks)
     if cache is None:
-        carried = _carry(keys[:, :, :nb - 1], w_r[:, :, :nb - 1], beta_r[:, :, :nb - 1])
-        product = block_products(w_r, beta_r)
+        carried = _carry(keys[:, :, :nb - 1], head)
     else:
         # valid for chunks in query order: a later chunk sees the same keys of a whole block, or fewer (a window)
         start, done, last = cache.get(("carried", L, dtype), (g0, keys[:, :, :0], -1))
@@ -201,29 +208,31 @@ def householder_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: 
             start, done = g0, keys[:, :, :0]
         have = start + done.shape[2] - g0  # this range's blocks already carried
         if have < nb - 1:
-            done = torch.cat([done, _carry(keys[:, :, have:nb - 1], w_r[:, :, have:nb - 1],
-                                           beta_r[:, :, have:nb - 1])], dim=2)
+            done = torch.cat([done, _carry(keys[:, :, have:nb - 1], tuple(t[:, :, have:] for t in head))], dim=2)
         cache["carried", L, dtype] = (start, done, qe - 1)
         carried = done[:, :, g0 - start:g0 - start + nb - 1]
-        product = _window_products(w, beta, L, dtype, cache)[:, :, g0:g0 + nb]
-    # within each query block, keys in descending order: the query as key s sees it is H_{s+1} ... H_i q_i
-    u, wq, bq = queries, w_r[:, :, bq0:], beta_r[:, :, bq0:]
-    cols = []
-    for s in range(L - 1, -1, -1):
-        cols.append((u @ keys[:, :, bq0:, s, :, None]).squeeze(-1))  # (B, H, nq, L)
-        u = _reflect(u, wq[:, :, :, s], bq[:, :, :, s], offset >= s)
-    parts = [torch.stack(cols[::-1], dim=-1)]  # distance 0: (B, H, nq, L, L)
-    # across blocks: u is H_a ... H_i q_i at its block's start a; block d back: (u @ product^T) moves it there
-    blocks = torch.arange(nq, device=q.device) + bq0
+    # within each query block (the authors' ``A_local``): q_i^T k_j - (q_i^T W^T, up to row i) U strictly_lower
+    # (W_b K^T); and each query back at its block's start a, H_i ... H_a q_i as a row: q_i - (q_i^T W^T) U W_b
+    w_q, _, _, uwb_q, _ = (t[:, :, bq0:] for t in blocks)
+    qw = (queries @ w_q.transpose(-1, -2)).tril()  # (B, H, nq, L, L)
+    local = (queries @ keys[:, :, bq0:].transpose(-1, -2)).tril()
+    parts = [local - qw @ _key_terms(keys[:, :, bq0:], tuple(t[:, :, bq0:] for t in blocks))]  # (B, H, nq, L, L)
+    u = queries - qw @ uwb_q
+    rows = q_pos - first - bq0 * L  # the chunk's queries among the query blocks' nq L rows
+    if nq == 1:  # a chunk inside one block (eval's chunks of a few rows): only its rows go on across blocks
+        parts[0], u = parts[0][:, :, :, rows], u[:, :, :, rows]  # (B, H, 1, q, L), (B, H, 1, q, D)
+        rows = torch.arange(len(rows), device=q.device)
+    # across blocks: key block d back, u moves through that block's H's: u (I - shift)
+    shift = blocks[4]
+    qblocks = torch.arange(nq, device=q.device) + bq0
     for d in range(1, bq0 + nq):
-        kb = (blocks - d).clamp(min=0)  # the key block d before each query block (clamped: never gathered)
-        parts.append(u @ carried[:, :, kb].transpose(-1, -2))  # (B, H, nq, L, L)
-        u = u @ product[:, :, kb].transpose(-1, -2)
-    logits = torch.stack(parts, dim=-2).flatten(-2)  # (B, H, nq, L, nd * L): query block, row, distance, offset
+        kb = (qblocks - d).clamp(min=0)  # the key block d before each query block (clamped: never gathered)
+        parts.append(u @ carried[:, :, kb].transpose(-1, -2))  # (B, H, nq, rows, L)
+        u = u - u @ shift[:, :, kb]
+    logits = torch.stack(parts, dim=-2).flatten(-2)  # (B, H, nq, rows, nd * L): query block, row, distance, offset
     # each key's column: distance = query block - key block, clamped to 0 for a later block (a hidden pair)
     rel = k_pos - first  # (k,)
-    dist = (blocks[:, None] - torch.div(rel, L, rounding_mode="floor")[None, :]).clamp(min=0)  # (nq, k)
-    index = (dist * L + rel % L)[None, None, :, None, :].expand(B, H, nq, L, -1)  # (B, H, nq, L, k)
-    logits = logits.gather(-1, index).flatten(2, 3)  # (B, H, nq L, k)
-    rows = q_pos - first - bq0 * L
+    dist = (qblocks[:, None] - torch.div(rel, L, rounding_mode="floor")[None, :]).clamp(min=0)  # (nq, k)
+    index = (dist * L + rel % L)[None, None, :, None, :].expand(B, H, nq, u.shape[3], -1)  # (B, H, nq, rows, k)
+    logits = logits.gather(-1, index).flatten(2, 3)  # (B, H, nq rows, k)
     return logits[:, :, rows]

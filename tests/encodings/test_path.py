@@ -84,12 +84,13 @@ def path_model(row="path", window=None, max_mask_bytes=None, seed=0):
 
 
 @pytest.mark.parametrize("row,window,chunked,sinks,block", [
-    ("path", None, False, 0, 16), ("path", None, False, 0, 4), ("path", None, True, 0, 4), ("path", 6, True, 0, 3),
-    ("path+sink2+sw6", None, True, 2, 4)])
+    ("path", None, False, 0, 64), ("path", None, False, 0, 16), ("path", None, False, 0, 4),
+    ("path", None, True, 0, 4), ("path", 6, True, 0, 3), ("path+sink2+sw6", None, True, 2, 4)])
 def test_whole_model_equals_path_attention_pair_by_pair(row, window, chunked, sinks, block, monkeypatch):
     """Beyond the train length (20 > 16), in one chunk and in query chunks of 2-3 rows, with a sliding window
     and with attention sinks beside it (the H of every token between a sink and the query still applies); in
-    blocks of 16 tokens (the default) and of 3 and 4 (queries carried back across several whole blocks)."""
+    one block of 64 tokens (the default) or 16, and in blocks of 3 and 4 (queries carried back across several
+    whole blocks)."""
     monkeypatch.setattr("posenc_bench.encodings.path.BLOCK", block)
     model = path_model(row, window, 4 * 4 * 20 * 8 * 3 if chunked else None)
     idx = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(3))
@@ -98,16 +99,17 @@ def test_whole_model_equals_path_attention_pair_by_pair(row, window, chunked, si
     assert (got - want).abs().max() < 1e-5
 
 
-def test_block_products_are_made_once_per_forward_not_once_per_query_chunk(monkeypatch):
-    """In query chunks of 2-3 rows the blocks' products are made once per layer and forward (from w and beta of
-    the whole window), and the logits are those of each chunk making its own range's products."""
+def test_block_transforms_are_made_once_per_forward_not_once_per_query_chunk(monkeypatch):
+    """In query chunks of 2-3 rows the blocks' transforms are made once per layer and forward (from w and beta of
+    the whole window), and the logits are those of each chunk making its own range's transforms."""
     from posenc_bench.encodings import path
 
+    monkeypatch.setattr(path, "BLOCK", 16)
     model = path_model(max_mask_bytes=4 * 4 * 20 * 8 * 3).double()
     idx = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(3))
     made = []
-    real = path.block_products
-    monkeypatch.setattr(path, "block_products", lambda w, beta: made.append(w.shape) or real(w, beta))
+    real = path.block_transforms
+    monkeypatch.setattr(path, "block_transforms", lambda w, beta: made.append(w.shape) or real(w, beta))
     with torch.no_grad():
         cached = model(idx)
         assert [shape[2:4] for shape in made] == [(2, 16)] * 2  # 2 layers: the window's 2 blocks of 16, once each
@@ -117,6 +119,30 @@ def test_block_products_are_made_once_per_forward_not_once_per_query_chunk(monke
         per_chunk = model(idx)
     assert len(made) > 2 * 2  # without the cache: every chunk of every layer makes its range's
     assert (cached - per_chunk).abs().max() < 1e-12
+
+
+def test_block_transforms_are_the_products_and_the_authors_forward_substitution():
+    """I - shift is H_{a+L-1} ... H_a, multiplied out one H at a time, for beta across (0, 2) (reflections,
+    projections and the identity at beta 0); U is the matrix the authors' ``naive_path_attn`` builds row by row
+    (``T_mat``: the loop over i of T[i, :i] += sum T[i, :, None] T[:, :i], then + I)."""
+    from posenc_bench.encodings.path import block_transforms
+
+    gen = torch.Generator().manual_seed(2)
+    w = F.normalize(torch.randn(1, 2, 3, 6, 5, generator=gen, dtype=torch.float64), dim=-1)
+    beta = 2 * torch.rand(1, 2, 3, 6, generator=gen, dtype=torch.float64)
+    beta[0, 1, 2, 3] = 0.0
+    _, wb, u, _, shift = block_transforms(w, beta)
+    eye = torch.eye(5, dtype=torch.float64)
+    t_mat = -(wb @ w.transpose(-1, -2)).masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(), 0)
+    for i in range(1, 6):
+        t_mat[..., i, :i] = t_mat[..., i, :i] + (t_mat[..., i, :, None] * t_mat[..., :, :i]).sum(-2)
+    assert torch.allclose(u, t_mat + torch.eye(6, dtype=torch.float64), atol=1e-12)
+    for h in range(2):
+        for n in range(3):
+            product = eye
+            for r in range(5, -1, -1):  # H_{a+5} ... H_a
+                product = product @ (eye - beta[0, h, n, r] * torch.outer(w[0, h, n, r], w[0, h, n, r]))
+            assert torch.allclose(eye - shift[0, h, n], product, atol=1e-12)
 
 
 def test_keys_are_carried_once_per_block_and_chunks_out_of_order_start_afresh(monkeypatch):
@@ -130,7 +156,7 @@ def test_keys_are_carried_once_per_block_and_chunks_out_of_order_start_afresh(mo
     idx = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(3))
     carried = []
     real = path._carry
-    monkeypatch.setattr(path, "_carry", lambda keys, w, beta: carried.append(keys.shape[2]) or real(keys, w, beta))
+    monkeypatch.setattr(path, "_carry", lambda keys, blocks: carried.append(keys.shape[2]) or real(keys, blocks))
     with torch.no_grad():
         want = reference_forward(model, idx)
         assert (model(idx) - want).abs().max() < 1e-5
@@ -146,7 +172,7 @@ def test_keys_are_carried_once_per_block_and_chunks_out_of_order_start_afresh(mo
         assert torch.equal(got, householder_logits(q[:, :, q_pos], k[:, :, k_pos], w, beta, q_pos, k_pos, 3))
 
 
-@pytest.mark.parametrize("block", [1, 3, 4, 16])
+@pytest.mark.parametrize("block", [1, 3, 4, 16, 64])
 def test_logits_equal_the_products_for_any_block_and_chunk(block):
     """The chunk's logits (queries 9..12, keys 0 and 4..12) equal q_i^T H_i ... H_{j+1} k_j for every block size."""
     gen = torch.Generator().manual_seed(0)
