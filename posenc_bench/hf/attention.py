@@ -50,17 +50,20 @@ class _NoRotation(torch.nn.Module):
 class Rerouted:
     """One of our rope-family encodings on a Hugging Face model's head layout: what ``posenc_attention`` runs.
 
-    ``plan(T)`` is built once per forward (all layers share it, as in our model) for positions 0 .. T - 1."""
+    ``plan(T, start)`` is built once per forward (all layers share it, as in our model) for keys at positions
+    0 .. T - 1 and queries at start .. T - 1: a whole window (start 0), or the tokens that continue a KV cache
+    of ``start`` tokens, whose keys the cache holds unrotated (step 1 below) and whose queries the plan's chunks
+    skip."""
 
     def __init__(self, encoding: encodings.Encoding) -> None:
         self.encoding = encoding
         self._plan: Optional[tuple[tuple, AttentionPlan]] = None
 
-    def plan(self, T: int, batch: int, device: torch.device) -> AttentionPlan:
-        key = (T, batch, device)
+    def plan(self, T: int, batch: int, device: torch.device, start: int = 0) -> AttentionPlan:
+        key = (T, batch, device, start)
         if self._plan is None or self._plan[0] != key:
             pos = torch.arange(T, device=device)
-            self._plan = (key, AttentionPlan(self.encoding, pos, None, MAX_LOGIT_BYTES, batch))
+            self._plan = (key, AttentionPlan(self.encoding, pos, None, MAX_LOGIT_BYTES, batch, queries_from=start))
         return self._plan[1]
 
 
@@ -93,19 +96,24 @@ def build_encoding(name: str, config, rotary: list[tuple[torch.nn.Module, str, t
 def posenc_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask: Optional[torch.Tensor], dropout: float = 0.0, scaling: Optional[float] = None,
                      posenc: Optional[Rerouted] = None, **kwargs) -> tuple[torch.Tensor, None]:
-    """transformers' attention interface: query (b, H, L, D), key/value (b, H_kv, L, D), unrotated (step 1 of
-    the module docstring) -> (b, L, H, D). Positions must be 0 .. L - 1 (one forward pass, no cache)."""
+    """transformers' attention interface: query (b, H, L, D), key/value (b, H_kv, T, D), unrotated (step 1 of
+    the module docstring), T >= L: the queries are the last L of T tokens at positions T - L .. T - 1 (T > L
+    where they continue a KV cache of the first T - L) -> (b, L, H, D)."""
     if posenc is None:
         raise ConfigError(f"attention implementation {IMPLEMENTATION!r} needs posenc=Rerouted(...) in the forward's kwargs")
     B, H, L, D = query.shape
+    T = key.shape[2]
     position_ids = kwargs.get("position_ids")
-    if key.shape[2] != L or (position_ids is not None and not torch.equal(
-            position_ids, torch.arange(L, device=position_ids.device).expand_as(position_ids))):
-        raise ConfigError("rerouted attention scores one whole window from position 0 (no cache, no offsets)")
+    if T < L or (position_ids is not None and not torch.equal(
+            position_ids, torch.arange(T - L, T, device=position_ids.device).expand_as(position_ids))):
+        raise ConfigError("rerouted attention scores queries at the positions that follow their keys' (a whole "
+                          "window from position 0, or a KV cache continued from its end)")
     groups = H // key.shape[1]
-    key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))  # (b, H_kv, L, D) -> (b, H, L, D)
+    key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))  # (b, H_kv, T, D) -> (b, H, T, D)
+    if T > L:  # the cached tokens' queries are never attended (the plan's chunks start at T - L): zeros
+        query = torch.cat((query.new_zeros(B, H, T - L, D), query), dim=2)  # (b, H, T, D)
     scale = scaling if scaling is not None else D ** -0.5
-    y = attend(posenc.encoding, posenc.plan(L, B, query.device), query, key, value, scale)  # (b, H, L, D)
+    y = attend(posenc.encoding, posenc.plan(T, B, query.device, T - L), query, key, value, scale)  # (b, H, L, D)
     return y.transpose(1, 2).contiguous(), None  # (b, L, H, D)
 
 

@@ -38,13 +38,15 @@ MAX_MASK_BYTES = 8 << 20
 FLEX_DEVICES = ("cuda",)
 
 
-def query_chunks(T: int, size: int, window: Optional[int], block: Optional[int]) -> list[tuple[int, int, int]]:
-    """(qs, qe, ks) per chunk of at most ``size`` queries; with blocks, no chunk crosses a block boundary and
-    its keys start at the previous block (or the window, whichever is later). With S sinks the plan puts the
-    first S keys before [ks, qe) (``AttentionPlan.key_span``)."""
+def query_chunks(T: int, size: int, window: Optional[int], block: Optional[int], start: int = 0
+                 ) -> list[tuple[int, int, int]]:
+    """(qs, qe, ks) per chunk of at most ``size`` queries of [start, T); with blocks, no chunk crosses a block
+    boundary and its keys start at the previous block (or the window, whichever is later). With S sinks the
+    plan puts the first S keys before [ks, qe) (``AttentionPlan.key_span``)."""
     chunks = []
     step = size if block is None else min(size, block)
-    starts = range(0, T, step) if block is None else [s for b in range(0, T, block) for s in range(b, min(T, b + block), step)]
+    starts = range(start, T, step) if block is None else [
+        s for b in range(start // block * block, T, block) for s in range(max(b, start), min(T, b + block), step)]
     for qs in starts:
         qe = min(T, qs + step, T if block is None else (qs // block + 1) * block)
         ks = 0 if window is None else max(0, qs - window + 1)
@@ -144,7 +146,7 @@ class AttentionPlan:
     TRAIN_LOGIT_ROWS = 128  # query chunk of the logits path in training (CoPE at 2048: the fastest of 16-512)
 
     def __init__(self, encoding: encodings.Encoding, pos: torch.Tensor, window: Optional[int], max_mask_bytes: int,
-                 batch: int = 1):
+                 batch: int = 1, queries_from: int = 0):
         self.encoding = encoding
         self.pos = pos  # (T,) or (B, T)
         T = pos.shape[-1]
@@ -162,11 +164,11 @@ class AttentionPlan:
         self.mask_bias = encoding.has_bias and self.path not in ("folded", "flex")  # the bias goes into the masks
         mask_batch = pos.shape[0] if pos.dim() == 2 and self.mask_bias else 1  # a bias of per-sequence positions
         mask_heads = encoding.n_heads if self.mask_bias else 1
-        if self.path in ("fused", "flex"):  # flex: its BlockMask holds the window and blocks
+        if self.path in ("fused", "flex") and not queries_from:  # flex: its BlockMask holds the window and blocks
             self.chunks = [(0, T, 0)]
         else:
             self.chunks = query_chunks(T, self._rows(T, max_mask_bytes, batch, mask_heads * mask_batch), self.window,
-                                       self.block)
+                                       self.block, queries_from)
         # chunks that need no mask: SDPA's own causal mask is exact for a square chunk from position 0
         self.causal = [self.path in SDPA_PATHS and not self.mask_bias and self.window is None and qs == 0 and ks == 0
                        for qs, _, ks in self.chunks]

@@ -179,3 +179,29 @@ def test_the_logits_path_trains_in_chunks_of_its_own_size_whatever_the_budget():
     assert {qe - qs for qs, qe, _ in plan.chunks} == {AttentionPlan.TRAIN_LOGIT_ROWS, 1000 % AttentionPlan.TRAIN_LOGIT_ROWS}
     with torch.no_grad():
         assert max(qe - qs for qs, qe, _ in AttentionPlan(enc, pos, None, 1 << 12).chunks) == 1
+
+
+@pytest.mark.parametrize("name,window,block,path", [
+    ("rope", None, None, "fused"), ("rope", 16, None, "mask"), ("rope-rerope", None, None, "parts"),
+    ("rope-selfextend", None, None, "parts"), ("rope+sink2+sw12", None, None, "sinks"), ("t5", None, None, "mask"),
+    ("cope", None, None, "logits"), ("xpos+bca", None, 8, "mask")])
+def test_a_plan_of_the_last_queries_gives_the_whole_plans_last_rows(name, window, block, path):
+    """``queries_from`` P: the chunks cover queries P .. T - 1 only (what continues a KV cache of P tokens),
+    each with the keys it has in the whole plan, on the fused, mask, parts, sinks, logits and blockwise paths;
+    P inside a chunk, a block, or at 0 (the whole plan)."""
+    from posenc_bench.model.attention import attend
+
+    enc = DecoderLM(ModelConfig(d_model=32, n_layers=1, n_heads=4), name, 16, seed=0).encoding
+    enc.set_eval_length(50)  # ReRoPE and Self-Extend take their explicit path past the train length
+    if block is not None:
+        enc.attention_block = lambda T: block
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(3, 1, 4, 50, 8, generator=gen)
+    pos = torch.arange(50)
+    with torch.no_grad():
+        whole = attend(enc, AttentionPlan(enc, pos, window, 4 * 4 * 50 * 7), q, k, v, 0.3)
+        assert AttentionPlan(enc, pos, window, 1).path == path
+        for start in (0, 13, 40, 49):
+            plan = AttentionPlan(enc, pos, window, 4 * 4 * 50 * 7, queries_from=start)
+            assert plan.chunks[0][0] == start and plan.chunks[-1][1] == 50
+            assert torch.allclose(attend(enc, plan, q, k, v, 0.3), whole[:, :, start:], atol=1e-6)

@@ -14,9 +14,10 @@ A key or value that occurs in that text, or in another needle, is drawn again. P
 tokens of the model's own tokenizer, the longest question's exactly ``length``.
 
 **One prefill per haystack.** The intro and haystack run once; each question continues from its KV cache
-(``HFPasskeyLM.prefill`` / ``extend``, cropped back after each question so that none sees another). A model
-without a cache (our checkpoints; a fix rerouted through our attention; dynamic NTK, whose frequencies depend
-on the forward's length) runs the whole prompt per question instead (``RetrievalLM``), with the same answers.
+(``HFPasskeyLM.prefill`` / ``extend``, cropped back after each question so that none sees another; a fix
+rerouted through our attention caches its keys unrotated). A model without a cache (our checkpoints; dynamic
+NTK, whose frequencies depend on the forward's length) runs the whole prompt per question instead
+(``RetrievalLM``), with the same answers.
 
 **Exact match per needle**, teacher-forced as ``passkey.py`` does: a value is retrieved when the model's argmax
 is each of its tokens given the prompt and the answer before it (earlier values, ", "; a token of the space

@@ -250,6 +250,7 @@ class HFPasskeyLM:
             params = scaling_parameters(self.hf.rope_parameters(), self.scaling, factor, self.train_len)
             self._stack.enter_context(self.hf.scaled(params, scaled_max_positions(self.scaling, factor, self.train_len)))
 
+    @torch.inference_mode()
     def logits(self, ids: torch.Tensor, last: Optional[int] = None) -> torch.Tensor:
         """(1, L) -> (L, V), or the logits of the ``last`` positions only (at 32k tokens all of them would be
         6 GB for SmolLM2's 49k-token vocabulary); no KV cache is kept."""
@@ -259,18 +260,20 @@ class HFPasskeyLM:
         return self.hf.model(input_ids=ids.to(self.hf.device), use_cache=False, **extra).logits[0].float()
 
     def can_cache(self) -> bool:
-        """Whether ``extend`` after ``prefill`` computes what one forward over both would. Not for a fix (our
-        attention scores one whole window from position 0) nor for a length-dependent scaling (dynamic NTK
-        recomputes its frequencies from the longest position of each forward, so the cached keys would have
-        been rotated at other frequencies than a full forward's)."""
+        """Whether ``extend`` after ``prefill`` computes what one forward over both would. Not for a
+        length-dependent scaling (dynamic NTK recomputes its frequencies from the longest position of each
+        forward, so the cached keys would have been rotated at other frequencies than a full forward's). A fix
+        through our attention caches its keys unrotated and scores the continuation's queries against all of
+        them (``hf.attention.posenc_attention``)."""
         from posenc_bench.hf.rope import length_dependent
 
-        return self._posenc is None and not (self.scaling is not None and length_dependent(self.scaling))
+        return not (self._posenc is None and self.scaling is not None and length_dependent(self.scaling))
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor) -> None:
         """Run ``ids`` (1, H) once and keep every layer's keys and values for ``extend``."""
-        out = self.hf.model(input_ids=ids.to(self.hf.device), use_cache=True, logits_to_keep=1)
+        extra = {"posenc": self._posenc} if self._posenc is not None else {}
+        out = self.hf.model(input_ids=ids.to(self.hf.device), use_cache=True, logits_to_keep=1, **extra)
         self._cache, self._held = out["cache" if "cache" in out else "past_key_values"], ids.shape[1]
 
     @torch.inference_mode()
@@ -281,7 +284,8 @@ class HFPasskeyLM:
             raise ConfigError("extend() needs prefill() first (at the length set)")
         name = "cache" if "cache" in inspect.signature(self.hf.model.forward).parameters else "past_key_values"
         # the cache argument is `cache` from transformers 5.2x on, `past_key_values` before
-        out = self.hf.model(input_ids=ids.to(self.hf.device), use_cache=True, **{name: self._cache})
+        extra = {"posenc": self._posenc} if self._posenc is not None else {}
+        out = self.hf.model(input_ids=ids.to(self.hf.device), use_cache=True, **{name: self._cache}, **extra)
         self._cache.crop(-ids.shape[1])
         if self._cache.get_seq_length() != self._held:
             raise PosencError(f"{type(self._cache).__name__} did not crop back to the prefill's {self._held} tokens")
