@@ -133,11 +133,11 @@ class AttentionPlan:
     cuts the chunks at block boundaries, each chunk's keys starting one block back.
 
     Chunk i covers queries [qs, qe) and keys [ks, qe), after keys [0, min(S, ks)) with S sinks (``key_span``):
-    a sink chunk costs its window, not its whole prefix. When all chunks' masks together fit in
+    a sink chunk costs its window, not its whole prefix; from ``queries_from`` P on, the chunks of queries P .. T - 1
+    alone (a KV cache of P tokens continued: ``hf/attention.py``). When all chunks' masks together fit in
     ``max_mask_bytes`` they are built once per forward and shared by the layers; otherwise each layer rebuilds
     them, so at most one chunk's mask is alive at a time, except on the bias kernel's paths (training), whose
-    backward keeps every layer's masks: there they are always shared.
-    """
+    backward keeps every layer's masks: there they are always shared."""
 
     FOLD_ROWS = 256
     BIAS_ROWS = 256  # query chunk of a learned bias in training (distance_bias.py)
