@@ -250,11 +250,15 @@ class HFPasskeyLM:
             params = scaling_parameters(self.hf.rope_parameters(), self.scaling, factor, self.train_len)
             self._stack.enter_context(self.hf.scaled(params, scaled_max_positions(self.scaling, factor, self.train_len)))
 
+    def _attention(self) -> dict:
+        """The forward's keyword for a fix's attention (``posenc=``), none for the model's own."""
+        return {"posenc": self._posenc} if self._posenc is not None else {}
+
     @torch.inference_mode()
     def logits(self, ids: torch.Tensor, last: Optional[int] = None) -> torch.Tensor:
         """(1, L) -> (L, V), or the logits of the ``last`` positions only (at 32k tokens all of them would be
         6 GB for SmolLM2's 49k-token vocabulary); no KV cache is kept."""
-        extra = {"posenc": self._posenc} if self._posenc is not None else {}
+        extra = self._attention()
         if last:
             extra["logits_to_keep"] = last
         return self.hf.model(input_ids=ids.to(self.hf.device), use_cache=False, **extra).logits[0].float()
@@ -272,7 +276,7 @@ class HFPasskeyLM:
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor) -> None:
         """Run ``ids`` (1, H) once and keep every layer's keys and values for ``extend``."""
-        extra = {"posenc": self._posenc} if self._posenc is not None else {}
+        extra = self._attention()
         out = self.hf.model(input_ids=ids.to(self.hf.device), use_cache=True, logits_to_keep=1, **extra)
         self._cache, self._held = out["cache" if "cache" in out else "past_key_values"], ids.shape[1]
 
@@ -284,7 +288,7 @@ class HFPasskeyLM:
             raise ConfigError("extend() needs prefill() first (at the length set)")
         name = "cache" if "cache" in inspect.signature(self.hf.model.forward).parameters else "past_key_values"
         # the cache argument is `cache` from transformers 5.2x on, `past_key_values` before
-        extra = {"posenc": self._posenc} if self._posenc is not None else {}
+        extra = self._attention()
         out = self.hf.model(input_ids=ids.to(self.hf.device), use_cache=True, **{name: self._cache}, **extra)
         self._cache.crop(-ids.shape[1])
         if self._cache.get_seq_length() != self._held:
