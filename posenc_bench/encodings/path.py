@@ -52,7 +52,7 @@ no option changes the authors' defaults.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -118,7 +118,21 @@ class PaTHAttention(TokenReading):
         return householder_logits(q, k, w, beta, q_pos, k_pos, BLOCK, products).float() * scale + mask
 
 
-def block_transforms(w: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor, ...]:
+class Blocks(NamedTuple):
+    """Each block's transformations in the UT form (``block_transforms``), every field (B, H, n, ...) by block."""
+
+    w: torch.Tensor  # (B, H, n, L, D)
+    wb: torch.Tensor  # W_b = diag(beta) W: (B, H, n, L, D)
+    u: torch.Tensor  # U = (I + strictly_lower(W_b W^T))^{-1}: (B, H, n, L, L)
+    uwb: torch.Tensor  # U W_b: (B, H, n, L, D)
+    shift: torch.Tensor  # W^T U W_b, so that H_{a+L-1} ... H_a = I - shift: (B, H, n, D, D)
+
+    def sub(self, blocks: slice) -> "Blocks":
+        """The transformations of the blocks ``blocks`` (a slice of the block axis)."""
+        return Blocks(*(t[:, :, blocks] for t in self))
+
+
+def block_transforms(w: torch.Tensor, beta: torch.Tensor) -> Blocks:
     """Each block's transformations in the UT form of the authors' ``naive_path_attn`` (Joffrain, Low,
     Quintana-Orti, van de Geijn & Van Zee 2006, "Accumulating Householder transformations, revisited"), from the
     blocks' w (B, H, n, L, D) and beta (B, H, n, L), with W_b = diag(beta) W per block:
@@ -126,8 +140,8 @@ def block_transforms(w: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor,
         U = (I + strictly_lower(W_b W^T))^{-1}   (B, H, n, L, L), unit lower triangular,
         H_{a+L-1} ... H_a = I - W^T U W_b        (B, H, n, D, D) as ``shift`` = W^T U W_b,
 
-    returned as (w, W_b, U, U W_b, shift): what carrying keys to the block's end, queries back to its start and
-    queries across whole blocks read (``_carry``, ``householder_logits``), made once per forward."""
+    with U W_b: what carrying keys to the block's end, queries back to its start and queries across whole
+    blocks read (``_carry``, ``householder_logits``), made once per forward."""
     L = w.shape[-2]
     strict = torch.ones(L, L, dtype=torch.bool, device=w.device).tril(-1)
     eye = torch.eye(L, dtype=w.dtype, device=w.device)
@@ -135,26 +149,25 @@ def block_transforms(w: torch.Tensor, beta: torch.Tensor) -> tuple[torch.Tensor,
     u = torch.linalg.solve_triangular(eye + (wb @ w.transpose(-1, -2)) * strict, eye.expand(*w.shape[:-1], L),
                                       upper=False, unitriangular=True)  # (B, H, n, L, L)
     uwb = u @ wb  # (B, H, n, L, D)
-    return w, wb, u, uwb, w.transpose(-1, -2) @ uwb
+    return Blocks(w, wb, u, uwb, w.transpose(-1, -2) @ uwb)
 
 
-def _key_terms(keys: torch.Tensor, blocks: tuple[torch.Tensor, ...]) -> torch.Tensor:
+def _key_terms(keys: torch.Tensor, blocks: Blocks) -> torch.Tensor:
     """U strictly_lower(W_b K^T) (B, H, n, L, L) of keys (B, H, n, L, D) in their blocks: row r, column j holds
     what H_r ... (the transformations after key j in its block) take off along w_r."""
-    _, wb, u, _, _ = blocks
     L = keys.shape[-2]
     strict = torch.ones(L, L, dtype=torch.bool, device=keys.device).tril(-1)
-    return u @ ((wb @ keys.transpose(-1, -2)) * strict)
+    return blocks.u @ ((blocks.wb @ keys.transpose(-1, -2)) * strict)
 
 
-def _carry(keys: torch.Tensor, blocks: tuple[torch.Tensor, ...]) -> torch.Tensor:
+def _carry(keys: torch.Tensor, blocks: Blocks) -> torch.Tensor:
     """Each key carried to its block's end, H_{end} ... H_{j+1} k_j = k_j - W^T (column j of ``_key_terms``):
     keys (B, H, n, L, D) by their blocks' ``block_transforms``."""
-    return keys - _key_terms(keys, blocks).transpose(-1, -2) @ blocks[0]
+    return keys - _key_terms(keys, blocks).transpose(-1, -2) @ blocks.w
 
 
 def _blocks_of(w: torch.Tensor, beta: torch.Tensor, start: int, n: int, block: int, dtype: torch.dtype
-               ) -> tuple[torch.Tensor, ...]:
+               ) -> Blocks:
     """``block_transforms`` of the n blocks from token ``start`` of w (B, H, T, D) and beta (B, H, T), the tokens
     past T padded with H = I (beta 0)."""
     B, H, T, D = w.shape
@@ -191,14 +204,14 @@ def householder_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: 
     else:
         if ("blocks", L, dtype) not in cache:
             cache["blocks", L, dtype] = _blocks_of(w, beta, 0, -(-T // L), L, dtype)
-        blocks = tuple(t[:, :, g0:g0 + nb] for t in cache["blocks", L, dtype])
+        blocks = cache["blocks", L, dtype].sub(slice(g0, g0 + nb))
     # keys and queries placed at their tokens in the range, zero elsewhere: (B, H, nb, L, D)
     keys = q.new_zeros(B, H, span, D, dtype=dtype).index_copy(2, k_pos - first, k.to(dtype)).view(B, H, nb, L, D)
     queries = q.new_zeros(B, H, span, D, dtype=dtype).index_copy(2, q_pos - first, q.to(dtype))
     queries = queries.view(B, H, nb, L, D)[:, :, bq0:]  # (B, H, nq, L, D)
     # key j -> H_{end} ... H_{j+1} k_j, its block's end: (B, H, nb - 1, L, D), the blocks before the last query
     # block (the only ones read: each whole, with the same keys in every later chunk, or fewer of them)
-    head = tuple(t[:, :, :nb - 1] for t in blocks)
+    head = blocks.sub(slice(nb - 1))
     if cache is None:
         carried = _carry(keys[:, :, :nb - 1], head)
     else:
@@ -208,22 +221,22 @@ def householder_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: 
             start, done = g0, keys[:, :, :0]
         have = start + done.shape[2] - g0  # this range's blocks already carried
         if have < nb - 1:
-            done = torch.cat([done, _carry(keys[:, :, have:nb - 1], tuple(t[:, :, have:] for t in head))], dim=2)
+            done = torch.cat([done, _carry(keys[:, :, have:nb - 1], head.sub(slice(have, None)))], dim=2)
         cache["carried", L, dtype] = (start, done, qe - 1)
         carried = done[:, :, g0 - start:g0 - start + nb - 1]
     # within each query block (the authors' ``A_local``): q_i^T k_j - (q_i^T W^T, up to row i) U strictly_lower
     # (W_b K^T); and each query back at its block's start a, H_i ... H_a q_i as a row: q_i - (q_i^T W^T) U W_b
-    w_q, _, _, uwb_q, _ = (t[:, :, bq0:] for t in blocks)
-    qw = (queries @ w_q.transpose(-1, -2)).tril()  # (B, H, nq, L, L)
+    in_q = blocks.sub(slice(bq0, None))
+    qw = (queries @ in_q.w.transpose(-1, -2)).tril()  # (B, H, nq, L, L)
     local = (queries @ keys[:, :, bq0:].transpose(-1, -2)).tril()
-    parts = [local - qw @ _key_terms(keys[:, :, bq0:], tuple(t[:, :, bq0:] for t in blocks))]  # (B, H, nq, L, L)
-    u = queries - qw @ uwb_q
+    parts = [local - qw @ _key_terms(keys[:, :, bq0:], in_q)]  # (B, H, nq, L, L)
+    u = queries - qw @ in_q.uwb
     rows = q_pos - first - bq0 * L  # the chunk's queries among the query blocks' nq L rows
     if nq == 1:  # a chunk inside one block (eval's chunks of a few rows): only its rows go on across blocks
         parts[0], u = parts[0][:, :, :, rows], u[:, :, :, rows]  # (B, H, 1, q, L), (B, H, 1, q, D)
         rows = torch.arange(len(rows), device=q.device)
     # across blocks: key block d back, u moves through that block's H's: u (I - shift)
-    shift = blocks[4]
+    shift = blocks.shift
     qblocks = torch.arange(nq, device=q.device) + bq0
     for d in range(1, bq0 + nq):
         kb = (qblocks - d).clamp(min=0)  # the key block d before each query block (clamped: never gathered)

@@ -131,7 +131,9 @@ def test_block_transforms_are_the_products_and_the_authors_forward_substitution(
     w = F.normalize(torch.randn(1, 2, 3, 6, 5, generator=gen, dtype=torch.float64), dim=-1)
     beta = 2 * torch.rand(1, 2, 3, 6, generator=gen, dtype=torch.float64)
     beta[0, 1, 2, 3] = 0.0
-    _, wb, u, _, shift = block_transforms(w, beta)
+    blocks = block_transforms(w, beta)
+    wb, u, shift = blocks.wb, blocks.u, blocks.shift
+    assert torch.equal(blocks.uwb, u @ wb) and torch.equal(blocks.sub(slice(1, 3)).shift, shift[:, :, 1:3])
     eye = torch.eye(5, dtype=torch.float64)
     t_mat = -(wb @ w.transpose(-1, -2)).masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(), 0)
     for i in range(1, 6):
