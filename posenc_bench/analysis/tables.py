@@ -111,6 +111,8 @@ def build_table(runs: Sequence[Run], value: str, *, digits: int = 2, mark_best: 
         for j in range(len(columns)):
             group = groups.get((row, j))
             cell = _summarize(group, key) if group else Cell()
+            if cell.status == "n/a" and not cell.reason and metric.no_value and metric.held_by(group):
+                cell.reason = metric.no_value  # the records hold its unit fields, which give no value (a 0/0)
             if cell.reason:
                 cell.note = notes.setdefault(cell.reason, f"[{len(notes) + 1}]")
             iv = intervals.get(columns[j].run)

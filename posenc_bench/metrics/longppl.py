@@ -11,8 +11,9 @@ need only a few hundred tokens of context; LongPPL tracks whether a row uses the
 
 Lower is better; rows compare as a ratio (the same key tokens for every row: the evaluator's). Not at 1x: at the
 train length no target has a longer context than a short one, so there are no key tokens. A unit with no key
-tokens adds nothing; a draw of the text with none has no value (NaN: left out of the interval); records
-without key-token fields (key tokens not identified, or at 1x) have no value. Not gated: the key set is a few
+tokens adds nothing; a draw of the text with none has no value (NaN: left out of the interval); a length whose
+text has none has no value (its cells n/a, with ``NO_KEY_TOKENS``); records without key-token fields (key
+tokens not identified, or at 1x) have no value. Not gated: the key set is a few
 percent of the targets, and the gate's tolerances were set on all of them. Its figure (LongPPL against eval
 length, from 1.5x on) is drawn for the folders whose records hold key tokens; ``plot`` skips it elsewhere.
 
@@ -26,12 +27,15 @@ import numpy as np
 
 from posenc_bench.metrics.registry import SHARE, Metric, register
 
+NO_KEY_TOKENS = ("no key tokens at this length: the evaluator's long context lowered no target's loss by alpha "
+                 "(see the share of key tokens)")
+
 LONGPPL = register(Metric(
     "longppl", kind="ppl",
     title=("Key-token perplexity, LongPPL (lower is better; the targets the evaluator needs the long context for; "
            "columns: eval length as a multiple of the train length)"),
     units=("key_nll", "key_tokens"), formula=lambda s: np.exp(s["key_nll"] / s["key_tokens"]),
-    at_1x=False,
+    at_1x=False, no_value=NO_KEY_TOKENS,
     compare_title="LongPPL relative to {ref} at the same length (paired, on the same key tokens)",
     plot=("Key-token perplexity (LongPPL) against eval length (the evaluator's key tokens, the same for every row; "
           "none at the train length). Bands: each row's own {ci} interval, unpaired\n(the seeds' range where they "

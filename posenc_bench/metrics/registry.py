@@ -76,6 +76,7 @@ class Metric:
     plot: Optional[tuple[str, str, str]] = None  # (figure title with {ci}, y label, file stem); None: no figure
     at_1x: bool = True  # compared at the train length too (a ratio to 1x is 1 there by definition)
     counts: Optional[str] = None  # the unit field of 0/1 successes (one per instance) that makes a share binomial
+    no_value: str = ""  # why a record with its unit fields can have no value (``formula``'s 0/0), for the footnote
 
     @property
     def null(self) -> float:
@@ -103,13 +104,14 @@ class Metric:
 
     def of_units(self, units: dict) -> Optional[float]:
         """The value of one record from its own per-unit numbers (every unit once), for a metric that no record
-        field holds (a plugin's); None without them."""
+        field holds (a plugin's); None without them, or where they give none (``no_value``: a 0/0)."""
         if self.formula is None or not units or any(u not in units for u in self.units):
             return None
         sums = {u: np.asarray([sum(units[u])], dtype=float) for u in self.units}
         sums["count"] = np.asarray([float(len(units[self.units[0]]))])
         with np.errstate(divide="ignore", invalid="ignore"):
-            return float(self.formula(sums)[0])
+            value = float(self.formula(sums)[0])
+        return value if np.isfinite(value) else None
 
     def held_by(self, records: Iterable[dict]) -> bool:
         """Whether any of ``records`` holds the per-unit fields this metric is computed from: LongPPL's key-token

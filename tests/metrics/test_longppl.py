@@ -80,3 +80,30 @@ def test_report_value_longppl_prints_a_table_with_intervals(tmp_path, capsys):
     plain = write(tmp_path / "plain", unit_results())  # a folder without key tokens: the table says so, no error
     assert main(["report", str(plain), "--value", "ppl,longppl"]) == 0
     json.dumps(capsys.readouterr().out)
+
+
+def test_a_length_with_no_key_tokens_is_na_with_its_reason_not_nan(tmp_path, capsys):
+    """At a length where the evaluator found no key token in the text (a short text: SmolLM2 had 8 of 32,768 at
+    1.5x), no row has a LongPPL there: the cell says n/a and why, never "nan"; the share of key tokens is 0."""
+    from posenc_bench.commands.cli import main
+
+    data = _keyed(unit_results(seeds=(0, 1, 2)))
+    for r in data["records"]:
+        if r["eval_len"] == 200:
+            r["units"]["key_tokens"] = [0] * len(r["units"]["key_tokens"])
+            r["units"]["key_nll"] = [0.0] * len(r["units"]["key_nll"])
+    r200 = next(r for r in data["records"] if r["eval_len"] == 200)
+    assert metrics.record_value(metrics.get("longppl"), r200) is None
+    assert metrics.record_value(metrics.get("key_share"), r200) == 0.0  # the share is 0, a value
+    assert Intervals(data["records"], draws=50).interval("longppl", "rope", 200) is None
+    folder = write(tmp_path / "run", data)
+    assert main(["report", str(folder), "--value", "longppl,key_share"]) == 0
+    out = capsys.readouterr().out
+    assert "nan" not in out.lower()
+    longppl = out.split("Key-token perplexity")[1].split("Share of the targets")[0]
+    rope = next(line for line in longppl.splitlines() if line.startswith("| rope "))
+    assert rope.split("|")[-2].strip().startswith("n/a [")  # 2x (200): no value, a footnote saying why
+    assert metrics.get("longppl").no_value in longppl
+    share = out.split("Share of the targets")[1]
+    rope = next(line for line in share.splitlines() if line.startswith("| rope "))
+    assert rope.split("|")[-2].strip() == "0.00 (every seed)"  # 0 on every seed and draw: no log-scale interval

@@ -106,7 +106,8 @@ class Intervals:
             return None
         j = self.lengths.index(length)
         x = [per_seed[value][self.rows.index(r), :, j] for r in rows]  # each (S, 1 + draws)
-        keep = np.all([np.isfinite(a[:, 0]) for a in x], axis=0)  # (S,)
+        log = not metrics.get(value).difference  # on the log scale a value must be above 0 (a share of 0 has no log)
+        keep = np.all([np.isfinite(a[:, 0]) & ((a[:, 0] > 0) if log else True) for a in x], axis=0)  # (S,)
         if not keep.any():
             return None
         return tuple(a[keep] for a in x), [s for s, k in zip(self.seeds, keep) if k]
