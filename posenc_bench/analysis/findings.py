@@ -29,7 +29,7 @@ from posenc_bench import metrics
 from posenc_bench.analysis.stats.estimate import CHECKPOINT, Comparison
 from posenc_bench.analysis.stats.family import Family, correct
 from posenc_bench.analysis.stats.intervals import Intervals
-from posenc_bench.analysis.runs import Run, row_order, train_len
+from posenc_bench.analysis.runs import ReportError, Run, row_order, train_len
 
 FAMILY = "every pair of rows at every length, by ppl and past 1x by ratio to 1x, and every row against its 1x"
 TASK_FAMILY = "every pair of rows at every size"
@@ -58,16 +58,27 @@ class Findings:
     levels: set[str]
     metric: str = "ppl"  # the metric compared between rows: the kind's primary ("accuracy" for a task run)
     family: Optional[Family] = None
+    to_1x: bool = True  # the claims about each row's own 1x were made (the primary metric of a text run)
 
 
-def run_findings(run: Run, iv: Intervals) -> Findings:
-    """Every finding of one run (``iv``: its intervals), after the correction within its family."""
+def run_findings(run: Run, iv: Intervals, value: Optional[str] = None) -> Findings:
+    """Every finding of one run (``iv``: its intervals), after the correction within its family. ``value``: the
+    metric compared between rows (default: the kind's primary, with the claims about 1x; another metric of the
+    kind, e.g. longppl, is compared between rows alone, at the lengths where it has values, as its own family)."""
     rows = row_order(run.data)
     T = train_len(run.data["run"])
     lengths = sorted({r["eval_len"] for r in run.data["records"]})
-    between, ratio = iv.kind.primary, iv.kind.to_1x  # a task run compares exact match (A - B) and has no ratio
+    between = value or iv.kind.primary
+    metric = metrics.get(between)
+    if metric.kind != iv.kind.name or metric.of is not None or not metric.ranked:
+        valid = [m.name for m in metrics.of_kind(iv.kind.name) if m.of is None and m.ranked]
+        raise ReportError(f"findings compare rows by a metric of the run's records: {between!r} is not one; "
+                          f"valid: {', '.join(valid)}")
+    ratio = iv.kind.to_1x if between == iv.kind.primary else None  # a task run compares A - B, and has no ratio
+    family_name = (TASK_FAMILY if iv.kind.instances else FAMILY if between == iv.kind.primary else
+                   f"every pair of rows at every length{'' if metric.at_1x else ' past 1x'}, by {between}")
     made: list[tuple[str, str, str, int, Comparison]] = []  # (value or "1x", a, b, length, comparison)
-    for length in lengths:
+    for length in lengths if metric.at_1x else [L for L in lengths if L != T]:
         for a, b in combinations(rows, 2):
             for value in (between, ratio) if length != T and ratio else (between,):
                 if (c := iv.compare(value, a, b, length)) is not None:
@@ -75,7 +86,7 @@ def run_findings(run: Run, iv: Intervals) -> Findings:
         for row in rows if length != T and ratio else []:
             if (c := iv.against_null(ratio, row, length)) is not None:
                 made.append(("1x", row, "", length, c))
-    family, adjusted = correct(TASK_FAMILY if iv.kind.instances else FAMILY, [m[4] for m in made], iv.ci)
+    family, adjusted = correct(family_name, [m[4] for m in made], iv.ci)
     found: dict[str, list[Finding]] = {between: [], "1x": [], **({ratio: []} if ratio else {})}
     for (value, a, b, length, _), c in zip(made, adjusted):
         if not c.significant:
@@ -86,7 +97,7 @@ def run_findings(run: Run, iv: Intervals) -> Findings:
         found[value].append(Finding(a, b, length, T, c))
     levels = {f.comparison.level for fs in found.values() for f in fs}
     return Findings(run.label, found[between], found["1x"], found[ratio] if ratio else [], family.size, levels,
-                    between, family)
+                    between, family, ratio is not None)
 
 
 def _multiple(length: int, T: int) -> str:
@@ -150,10 +161,11 @@ def markdown(all_findings: Sequence[Findings], ci: float) -> str:
                                          else "method-level (over the training seeds)")
         out.append(what + ".\n")
         out.append("Between rows: A - B of exact match at a size (A better), strongest first:\n" if task
-                   else "Between rows: A / B of ppl at a length (A better), strongest first:\n")
+                   else f"Between rows: A / B of {fs.metric} at a length (A better), strongest first:\n")
         lines = _grouped(fs.between, lambda f: (f.better, f.worse), mixed)
         out += [f"- {a} {'>' if task else '<'} {b}: {claims}" for _, (a, b), claims in lines] or ["- none"]
-        if task:  # each size has its own test instances: no pairing with 1x (the table shows the decline)
+        if task or not fs.to_1x:  # a task's sizes have their own test instances (the table shows the decline);
+            # another metric than the primary (longppl) is compared between rows only
             out.append("")
             continue
         out.append("\nAgainst its own 1x: ppl at a length / ppl at the train length, largest change first:\n")

@@ -157,7 +157,7 @@ def _compared_values(values: list[str], kind: metrics.Kind) -> dict[int, str]:
     return shown or {len(values): kind.primary}
 
 
-def _kind(runs: Sequence[Run]) -> metrics.Kind:
+def runs_kind(runs: Sequence[Run]) -> metrics.Kind:
     """The runs' common kind of record; text when they mix kinds."""
     kinds = {kind_of(run).name for run in runs}
     return metrics.kind(kinds.pop() if len(kinds) == 1 else "ppl")
@@ -171,7 +171,7 @@ def render(runs: Sequence[Run], *, fmt: str = "md", values: Sequence[str] = DEFA
     if fmt not in FORMATS:
         raise ReportError(f"unknown report format {fmt!r}; valid: {', '.join(FORMATS)}")
     values = parse_values(values)
-    kind = _kind(runs)
+    kind = runs_kind(runs)
     if tuple(values) == DEFAULT_VALUES:
         values = list(kind.tables)
     compared = {}  # position in values -> the value compared there
@@ -226,15 +226,15 @@ def render(runs: Sequence[Run], *, fmt: str = "md", values: Sequence[str] = DEFA
     return "\n".join(out)
 
 
-def render_findings(runs: Sequence[Run], *, ci: float = CI) -> str:
+def render_findings(runs: Sequence[Run], *, ci: float = CI, value: Optional[str] = None) -> str:
     """`report --findings`: every claim the intervals of each run support (``analysis/findings.py``), after the
-    run's caption."""
+    run's caption; ``value``: the metric compared (default: the kind's primary, ppl or exact match)."""
     intervals = run_intervals(runs, ci)
     out = []
     for run in runs:
         out.append((f"{run.label}: " if run.label else "") + caption(run.data["run"], run.data["records"]) + " "
                    + intervals[run.label].describe().capitalize() + ".\n")
-        out.append(findings.markdown([findings.run_findings(run, intervals[run.label])], ci))
+        out.append(findings.markdown([findings.run_findings(run, intervals[run.label], value)], ci))
     return "\n".join(out)
 
 
@@ -331,8 +331,9 @@ def marker_key(paths: Sequence[str | Path]) -> str:
 def _block(kind: str) -> re.Pattern:
     """A README block of ``kind``. Markers are whole lines, so a marker quoted inside a sentence (as in the
     README's own docs) is not a block."""
-    if kind not in BLOCK_KINDS:
-        raise ReportError(f"unknown block kind {kind!r}; valid: {', '.join(BLOCK_KINDS)}")
+    by_metric = kind.startswith("findings-") and kind.removeprefix("findings-") in metrics.tabled()
+    if kind not in BLOCK_KINDS and not by_metric:  # findings-longppl: ``--findings --value longppl``
+        raise ReportError(f"unknown block kind {kind!r}; valid: {', '.join(BLOCK_KINDS)}, findings-METRIC")
     return re.compile(rf"^<!-- posenc-bench {kind}: (?P<key>[^\n]+?) -->\n(?P<body>.*?)^<!-- /posenc-bench {kind} -->$",
                       re.DOTALL | re.MULTILINE)
 

@@ -106,7 +106,7 @@ def build_table(runs: Sequence[Run], value: str, *, digits: int = 2, mark_best: 
                 if rec["eval_len"] == L and rec["train_len"] == T:
                     groups.setdefault((rec["encoding"], len(columns) - 1), []).append(rec)
     rows = [r for r in rows if any((r, j) in groups for j in range(len(columns)))]
-    table = Table(value, metric.title, rows, columns, digits=digits)
+    table = Table(value, metric.title, rows, columns, digits=max(digits, metric.digits))
     for row in rows:  # reading order, so footnotes number left to right, top to bottom
         for j in range(len(columns)):
             group = groups.get((row, j))
@@ -119,11 +119,13 @@ def build_table(runs: Sequence[Run], value: str, *, digits: int = 2, mark_best: 
             if cell.status == "ok" and iv is not None and iv.available:
                 if (i := iv.interval(value, row, columns[j].eval_len)) is not None:
                     cell.mean, cell.lo, cell.hi = i.value, i.lo, i.hi  # the estimate the interval is about
+                elif metric.weight and (e := iv.estimate(value, row, columns[j].eval_len)) and e.declined:
+                    cell.note = notes.setdefault(e.declined, f"[{len(notes) + 1}]")  # e.g. its key tokens in one unit
                 elif cell.seeds_ok >= MIN_SEEDS:  # no valid interval (a task over seeds): the seeds' range
                     g = [float(x) for x in over_seeds(group, key).values]
                     cell.spread, cell.std = (min(g), max(g)), None
             table.cells[row, j] = cell
-    if mark_best:
+    if mark_best and metric.ranked:
         _mark_best(table, intervals)
     return table
 

@@ -38,7 +38,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                     help="instead of tables, list every claim the intervals support (row A vs row B at a length, "
                          "and each row against its own 1x), with its ratio, interval and level (method, or this "
                          "checkpoint with one seed); with --update, the block '<!-- posenc-bench findings: RESULTS "
-                         "-->'")
+                         "-->'; with one --value (e.g. longppl), the claims between rows by that metric, block "
+                         "'findings-VALUE'")
     rp.add_argument("--robustness", action="store_true",
                     help="the results are settings of the same rows (tokenizer, model size, ...): each row's ratio "
                          "to 1x per setting, Kendall's tau between the settings' rankings at the longest length, "
@@ -70,8 +71,13 @@ def cmd(args: argparse.Namespace) -> int:
         raise PosencError(f"{what} writes Markdown; drop --format {fmt}" + ("" if args.findings else " (or write it with --out)"))
     if not 0 < args.ci < 1:
         raise PosencError(f"--ci {args.ci:g}: the level must be between 0 and 1 (e.g. 0.95, 0.9)")
+    value = None  # --findings: the metric compared, where --value names another than the primary (findings-VALUE)
+    if args.findings and tuple(names := report.parse_values(args.value)) != report.DEFAULT_VALUES:
+        if len(names) > 1:
+            raise PosencError(f"--findings compares rows by one metric: give one --value, not {','.join(names)}")
+        value = None if names[0] == report.runs_kind(runs).primary else names[0]
     if args.findings:
-        text = report.render_findings(runs, ci=args.ci)
+        text = report.render_findings(runs, ci=args.ci, value=value)
     elif args.robustness:
         claims = load_runs([args.claims])[0] if args.claims else None
         text = report.render_robustness(runs, claims, ci=args.ci)
@@ -80,7 +86,8 @@ def cmd(args: argparse.Namespace) -> int:
                              ci=args.ci, compare=args.compare)
     if args.update:
         key = report.marker_key(args.results)
-        kind = "findings" if args.findings else "robustness" if args.robustness else "table"
+        kind = (f"findings-{value}" if value else "findings") if args.findings else (
+            "robustness" if args.robustness else "table")
         changed = report.update_file(args.update, key, text, kind)
         print(f"{'updated' if changed else 'already up to date'}: {args.update} ({kind} block {key})")
     if args.out:

@@ -11,8 +11,10 @@ need only a few hundred tokens of context; LongPPL tracks whether a row uses the
 
 Lower is better; rows compare as a ratio (the same key tokens for every row: the evaluator's). Not at 1x: at the
 train length no target has a longer context than a short one, so there are no key tokens. A unit with no key
-tokens adds nothing; a draw of the text with none has no value (NaN: left out of the interval); a length whose
-text has none has no value (its cells n/a, with ``NO_KEY_TOKENS``); records without key-token fields (key
+tokens adds nothing, so the text's independent clusters are those holding key tokens (its interval's spread
+and degrees of freedom are theirs: with all the key tokens in one cluster there is no interval and no finding);
+a draw of the text with none has no value (NaN: left out of the interval); a length whose text has none has no
+value (its cells n/a, with ``NO_KEY_TOKENS``); records without key-token fields (key
 tokens not identified, or at 1x) have no value. Not gated: the key set is a few
 percent of the targets, and the gate's tolerances were set on all of them. Its figure (LongPPL against eval
 length, from 1.5x on) is drawn for the folders whose records hold key tokens; ``plot`` skips it elsewhere.
@@ -35,7 +37,7 @@ LONGPPL = register(Metric(
     title=("Key-token perplexity, LongPPL (lower is better; the targets the evaluator needs the long context for; "
            "columns: eval length as a multiple of the train length)"),
     units=("key_nll", "key_tokens"), formula=lambda s: np.exp(s["key_nll"] / s["key_tokens"]),
-    at_1x=False, no_value=NO_KEY_TOKENS,
+    at_1x=False, no_value=NO_KEY_TOKENS, weight="key_tokens",
     compare_title="LongPPL relative to {ref} at the same length (paired, on the same key tokens)",
     plot=("Key-token perplexity (LongPPL) against eval length (the evaluator's key tokens, the same for every row; "
           "none at the train length). Bands: each row's own {ci} interval, unpaired\n(the seeds' range where they "
@@ -47,5 +49,5 @@ KEY_SHARE = register(Metric(
     "key_share", kind="ppl",
     title="Share of the targets that are key tokens (the evaluator's: the same for every row)",
     units=("key_tokens", "tokens"), formula=lambda s: s["key_tokens"] / s["tokens"],
-    bounds=SHARE, at_1x=False,
+    bounds=SHARE, at_1x=False, ranked=False, digits=4,
 ))

@@ -77,6 +77,10 @@ class Metric:
     at_1x: bool = True  # compared at the train length too (a ratio to 1x is 1 there by definition)
     counts: Optional[str] = None  # the unit field of 0/1 successes (one per instance) that makes a share binomial
     no_value: str = ""  # why a record with its unit fields can have no value (``formula``'s 0/0), for the footnote
+    ranked: bool = True  # rows compare by it (best marks, findings); False: it is the same for every row
+    digits: int = 0  # the fewest decimals its table shows (a share of a few per mille: 4)
+    weight: Optional[str] = None  # the unit field its value rests on where units can hold none (LongPPL's key
+    # tokens): the text's independent clusters are then only those holding some (``analysis/stats/text.py``)
 
     @property
     def null(self) -> float:

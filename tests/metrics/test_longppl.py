@@ -106,4 +106,74 @@ def test_a_length_with_no_key_tokens_is_na_with_its_reason_not_nan(tmp_path, cap
     assert metrics.get("longppl").no_value in longppl
     share = out.split("Share of the targets")[1]
     rope = next(line for line in share.splitlines() if line.startswith("| rope "))
-    assert rope.split("|")[-2].strip() == "0.00 (every seed)"  # 0 on every seed and draw: no log-scale interval
+    assert rope.split("|")[-2].strip() == "0.0000 (every seed)"  # 0 on every seed and draw: no log-scale interval
+
+
+def test_key_tokens_in_one_unit_give_no_interval_and_no_finding(tmp_path, capsys):
+    """SmolLM2 at 1.5x: its 8 key tokens lie in one of the 4 units. Every draw of the text that holds any gives
+    the same LongPPL, a spread of 0, which is no interval: the estimate declines one and no comparison is a
+    finding, however far apart the rows are. With two units holding them, the text's degrees of freedom are 1."""
+    from posenc_bench.analysis.stats.intervals import ONE_CLUSTER
+    from posenc_bench.commands.cli import main
+
+    data = _keyed(unit_results(seeds=(0,)))
+    for r in data["records"]:
+        if r["eval_len"] == 200:
+            n = len(r["units"]["key_tokens"])
+            r["units"]["key_tokens"] = [8 if i == 5 else 0 for i in range(n)]
+            r["units"]["key_nll"] = [k * (0.5 if r["encoding"] == "rope" else 3.0) for k in r["units"]["key_tokens"]]
+    iv = Intervals(data["records"], draws=200)
+    e = iv.estimate("longppl", "rope", 200)
+    assert e.value == pytest.approx(math.exp(0.5)) and e.declined == ONE_CLUSTER.format(weight="key tokens")
+    assert iv.interval("longppl", "rope", 200) is None
+    assert iv.compare("longppl", "nope", "rope", 200).p == 1.0  # exp(2.5) apart, and no finding
+    assert iv.compare("ppl", "nope", "rope", 200).p < 0.05  # the other metrics keep their 40 units
+    for r in data["records"]:
+        if r["eval_len"] == 200:
+            r["units"]["key_tokens"][9] = 8
+            r["units"]["key_nll"][9] = r["units"]["key_nll"][5]
+    two = Intervals(data["records"], draws=200).estimate("longppl", "rope", 200)
+    assert not two.declined and [df for _, df in two.parts] == [1]
+    for r in data["records"]:  # back to one unit: the table says why its cells have no interval
+        if r["eval_len"] == 200:
+            r["units"]["key_tokens"][9], r["units"]["key_nll"][9] = 0, 0.0
+    folder = write(tmp_path / "run", data)
+    assert main(["report", str(folder), "--value", "longppl"]) == 0
+    out = capsys.readouterr().out
+    rope = next(line for line in out.splitlines() if line.startswith("| rope "))
+    mark = rope.split("|")[-2].split()[-1]
+    assert mark.startswith("[") and f"{mark} {ONE_CLUSTER.format(weight='key tokens')}" in out
+
+
+def test_findings_by_longppl_compare_rows_past_1x_in_their_own_family(tmp_path, capsys):
+    """`report --findings --value longppl`: the claims between rows by LongPPL, past 1x only, corrected as a family
+    of their own (no claims about 1x: LongPPL has none); its README block is `findings-longppl`. key_share is the
+    same for every row: no findings and no best marks by it, and its table shows four decimals."""
+    from posenc_bench.analysis import report
+    from posenc_bench.analysis.findings import run_findings
+    from posenc_bench.analysis.runs import load_runs
+    from posenc_bench.commands.cli import main
+
+    folder = write(tmp_path / "run", _keyed(unit_results(seeds=(0, 1, 2))))
+    assert main(["report", str(folder), "--findings", "--value", "longppl"]) == 0
+    out = capsys.readouterr().out
+    assert "family: every pair of rows at every length past 1x, by longppl, 6 comparisons" in out
+    assert "Between rows: A / B of longppl at a length" in out and "Against its own 1x" not in out
+    run = load_runs([folder])[0]
+    found = run_findings(run, Intervals(run.data["records"]), "longppl")
+    assert found.made == 6 and {f.length for f in found.between} <= {200} and not found.from_1x
+    nope = [f for f in found.between if "nope" in (f.better, f.worse)]
+    assert nope and all(f.worse == "nope" for f in nope)  # nope's key NLL scales with its 1.6x NLL
+    assert main(["report", str(folder), "--findings", "--value", "ppl"]) == 0
+    assert capsys.readouterr().out == report.render_findings([run])  # the primary: the plain findings
+    for bad, why in (("key_share", "valid: ppl, bpb, longppl\n"), ("ppl,longppl", "give one --value")):
+        assert main(["report", str(folder), "--findings", "--value", bad]) == 2
+        assert why in capsys.readouterr().err
+    readme = tmp_path / "README.md"
+    readme.write_text(f"<!-- posenc-bench findings-longppl: {folder} -->\n<!-- /posenc-bench findings-longppl -->\n")
+    assert main(["report", str(folder), "--findings", "--value", "longppl", "--update", str(readme)]) == 0
+    assert "by longppl, 6 comparisons" in readme.read_text()
+    capsys.readouterr()
+    assert main(["report", str(folder), "--value", "key_share"]) == 0
+    share = capsys.readouterr().out.split("Share of the targets")[1]
+    assert "bold" not in share and "≈" not in share and "| 0.0300 [" in share  # 60 of 2000 targets at 2x

@@ -13,7 +13,10 @@ A statistic (a row's ppl, or the paired ratio of two rows at one length) has one
   the seeds are the samples. On the log scale (``estimate.py``), the estimate is the mean of the k per-seed logs
   with two parts of error: the seeds' (s / sqrt(k), k - 1 degrees of freedom) and the text's (the standard error
   of the seed mean over the document bootstrap, G - 1 for G documents). The text is shared by every seed, so s
-  does not see it.
+  does not see it. A metric that rests on a few units (LongPPL: key tokens, often in a handful of units) counts
+  only the clusters holding any (its ``weight``): its draws vary over those alone, and with one there is no
+  interval (``ONE_CLUSTER``); ``tests/analysis/stats/test_coverage.py`` checks it covers where counting every
+  cluster does not.
 - **Text values, checkpoint level** (one seed in common): the text's part alone. It describes these trained
   models on this population of text and nothing else: another seed of the same recipe can move them by more.
 - **Task exact match** (a share over test instances; seeds learn the task or do not, so their values are
@@ -50,6 +53,7 @@ MIN_WINDOWS = 30  # below this many independent windows at a length, the table s
 BIMODAL = ("no interval: exact match over seeds is bimodal (a seed learns the task or not), and no interval over "
            "{k} seeds is valid for every distribution")
 MIXED = "no interval: {n} of {k} seeds learned, and seeds that did and did not are two populations"
+ONE_CLUSTER = "no interval: all its {weight} lie in one resampling cluster of the text, and one cluster has no spread"
 
 
 def model_of(rec: dict) -> str:
@@ -121,6 +125,15 @@ class Intervals:
         a = got[self.rows.index(row), :, self.lengths.index(length)]  # (S, instances)
         return a[np.isfinite(a[:, 0])]
 
+    def _clusters(self, value: str, rows: tuple[str, ...], length: int, seeds: list) -> int:
+        """The text's independent clusters behind ``value`` of ``rows`` at ``length`` and ``seeds``: every one, or
+        for a metric with a weight (LongPPL) the fewest holding any of it in a row and seed compared."""
+        holding = self.draws.holding.get(value)
+        if holding is None:
+            return self.draws.clusters
+        j, at = self.lengths.index(length), [self.seeds.index(s) for s in seeds]
+        return int(min(holding[self.rows.index(r), at, j].min() for r in rows))
+
     def estimate(self, value: str, row: str, length: int) -> Optional[Estimate]:
         """``value`` of ``row`` at ``length`` over its seeds; None without numbers. A task's exact match over
         several seeds declines an interval (module docstring); at one seed it is exact (Clopper-Pearson)."""
@@ -130,7 +143,7 @@ class Intervals:
         metric, x = metrics.get(value), got[0][0]
         if metric.difference and len(x) >= MIN_SEEDS:
             return Estimate(float(x[:, 0].mean()), declined=BIMODAL.format(k=len(x)))
-        e = _estimate(metric, self.draws.clusters, x)
+        e = _estimate(metric, self._clusters(value, (row,), length, got[1]), x)
         if len(x) >= MIN_SEEDS and (mixed := _mixed(self, (row,), got[1])):
             return Estimate(e.center, log=e.log, declined=MIXED.format(n=mixed[0], k=mixed[1]))
         return e
@@ -165,7 +178,7 @@ class Intervals:
         k, common = len(x), _common(self, metric, len(x))
         if k >= MIN_SEEDS and (mixed := _mixed(self, (row,), seeds)):
             return _sign_flip(np.log(x[:, 0]), MIXED.format(n=mixed[0], k=mixed[1]), True, common)
-        return Comparison(_estimate(metric, self.draws.clusters, x), **common)
+        return Comparison(_estimate(metric, self._clusters(value, (row,), length, seeds), x), **common)
 
     def compare(self, value: str, row: str, ref: str, length: int) -> Optional[Comparison]:
         """``row`` / ``ref`` of ``value`` at ``length`` (``row`` - ``ref`` for a metric compared as a difference),
@@ -178,7 +191,7 @@ class Intervals:
         k, common = len(a), _common(self, metric, len(a))
         mixed = _mixed(self, (row, ref), seeds) if k >= MIN_SEEDS else None
         if not metric.difference and not mixed:
-            return Comparison(_estimate(metric, self.draws.clusters, a / b), **common)
+            return Comparison(_estimate(metric, self._clusters(value, (row, ref), length, seeds), a / b), **common)
         diff = a[:, 0] - b[:, 0] if metric.difference else np.log(a[:, 0] / b[:, 0])  # (k,)
         if k >= MIN_SEEDS:  # the exact sign-flip test over seeds: valid whatever the seeds' distribution
             why = MIXED.format(n=mixed[0], k=mixed[1]) if mixed else BIMODAL.format(k=k)
@@ -190,7 +203,8 @@ class Intervals:
                          min_p=mcnemar_p(only_a + only_b, 0))
             return Comparison(e, **common)
         bounds = (metric.bounds[0] - metric.bounds[1], metric.bounds[1] - metric.bounds[0]) if metric.bounds else None
-        return Comparison(_estimate(metric, self.draws.clusters, a - b), bounds=bounds, **common)
+        return Comparison(_estimate(metric, self._clusters(value, (row, ref), length, seeds), a - b), bounds=bounds,
+                          **common)
 
     # ----------------------------------------------------------------------------------------- description
 
@@ -214,8 +228,13 @@ class Intervals:
 
 def _estimate(metric: metrics.Metric, clusters: int, x: np.ndarray) -> Estimate:
     """The estimate of the mean over seeds of ``x`` (k, 1 + draws) on ``metric``'s inference scale: the seeds' part
-    (with two or more) and the text's, the bootstrap's spread over ``clusters`` independent clusters."""
+    (with two or more) and the text's, the bootstrap's spread over ``clusters`` independent clusters (declined
+    with fewer than two: one cluster's draws all give the same value, a spread of 0 that is no interval)."""
     log = not metric.difference
+    if clusters < 2:
+        center = float((np.log(x[:, 0]) if log else x[:, 0]).mean())
+        why = ONE_CLUSTER.format(weight=(metric.weight or "units").replace("_", " "))
+        return Estimate(center, log=log, declined=why)
     if log:
         with np.errstate(divide="ignore", invalid="ignore"):
             x = np.log(x)

@@ -43,6 +43,7 @@ class Draws:
     measured: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0), dtype=bool))  # (R, S, L)
     per_seed: dict[str, np.ndarray] = field(default_factory=dict)  # metric -> (R, S, L, 1 + draws)
     outcomes: dict[str, np.ndarray] = field(default_factory=dict)  # 0/1 unit field -> (R, S, L, units)
+    holding: dict[str, np.ndarray] = field(default_factory=dict)  # metric with a weight -> (R, S, L) clusters with some
 
     def describe(self, kind: metrics.Kind) -> str:
         """What one draw resamples, for a caption."""
@@ -104,7 +105,10 @@ def draws_of(records: list[dict], kind: metrics.Kind, grid: tuple[list, list, li
                               for i, row in enumerate(rows)])  # (R, S, 1 + draws)
             per_seed[m.name] = per_seed[m.of] / at_1x[:, :, None, :]
     outcomes = {m.counts: arrays[m.counts] for m in metrics.of_kind(kind.name) if m.counts in arrays}
-    return Draws("", units.get("size", 1), n, G, documents, measured, per_seed, outcomes)
+    in_cluster = np.eye(G)[cluster]  # (units, G)
+    holding = {m.name: ((np.nan_to_num(arrays[m.weight]) @ in_cluster) > 0).sum(-1)  # (R, S, L)
+               for m in metrics.of_kind(kind.name) if m.weight in arrays}
+    return Draws("", units.get("size", 1), n, G, documents, measured, per_seed, outcomes, holding)
 
 
 def _clusters(doc: Optional[list], kind: metrics.Kind, n: int) -> tuple[np.ndarray, Optional[int]]:
