@@ -61,17 +61,19 @@ class Findings:
     to_1x: bool = True  # the claims about each row's own 1x were made (the primary metric of a text run)
 
 
-def run_findings(run: Run, iv: Intervals, value: Optional[str] = None) -> Findings:
-    """Every finding of one run (``iv``: its intervals), after the correction within its family. ``value``: the
-    metric compared between rows (default: the kind's primary, with the claims about 1x; another metric of the
-    kind, e.g. longppl, is compared between rows alone, at the lengths where it has values, as its own family)."""
+def run_findings(run: Run, iv: Intervals, by: Optional[str] = None) -> Findings:
+    """Every finding of one run (``iv``: its intervals), after the correction within its family. ``by``: the
+    metric compared between rows (default: the kind's primary, with the claims about 1x; another metric of a
+    text run, e.g. longppl, is compared between rows alone, at the lengths where it has values, as its own
+    family)."""
     rows = row_order(run.data)
     T = train_len(run.data["run"])
     lengths = sorted({r["eval_len"] for r in run.data["records"]})
-    between = value or iv.kind.primary
+    between = by or iv.kind.primary
     metric = metrics.get(between)
-    if metric.kind != iv.kind.name or metric.of is not None or not metric.ranked:
-        valid = [m.name for m in metrics.of_kind(iv.kind.name) if m.of is None and m.ranked]
+    valid = [iv.kind.primary] if iv.kind.instances else [
+        m.name for m in metrics.of_kind(iv.kind.name) if m.of is None and m.ranked]
+    if between not in valid:  # a task's findings are its exact match's (its sizes' instances differ)
         raise ReportError(f"findings compare rows by a metric of the run's records: {between!r} is not one; "
                           f"valid: {', '.join(valid)}")
     ratio = iv.kind.to_1x if between == iv.kind.primary else None  # a task run compares A - B, and has no ratio

@@ -226,15 +226,15 @@ def render(runs: Sequence[Run], *, fmt: str = "md", values: Sequence[str] = DEFA
     return "\n".join(out)
 
 
-def render_findings(runs: Sequence[Run], *, ci: float = CI, value: Optional[str] = None) -> str:
+def render_findings(runs: Sequence[Run], *, ci: float = CI, by: Optional[str] = None) -> str:
     """`report --findings`: every claim the intervals of each run support (``analysis/findings.py``), after the
-    run's caption; ``value``: the metric compared (default: the kind's primary, ppl or exact match)."""
+    run's caption; ``by``: the metric compared (default: the kind's primary, ppl or exact match)."""
     intervals = run_intervals(runs, ci)
     out = []
     for run in runs:
         out.append((f"{run.label}: " if run.label else "") + caption(run.data["run"], run.data["records"]) + " "
                    + intervals[run.label].describe().capitalize() + ".\n")
-        out.append(findings.markdown([findings.run_findings(run, intervals[run.label], value)], ci))
+        out.append(findings.markdown([findings.run_findings(run, intervals[run.label], by)], ci))
     return "\n".join(out)
 
 

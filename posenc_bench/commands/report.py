@@ -77,7 +77,7 @@ def cmd(args: argparse.Namespace) -> int:
             raise PosencError(f"--findings compares rows by one metric: give one --value, not {','.join(names)}")
         value = None if names[0] == report.runs_kind(runs).primary else names[0]
     if args.findings:
-        text = report.render_findings(runs, ci=args.ci, value=value)
+        text = report.render_findings(runs, ci=args.ci, by=value)
     elif args.robustness:
         claims = load_runs([args.claims])[0] if args.claims else None
         text = report.render_robustness(runs, claims, ci=args.ci)

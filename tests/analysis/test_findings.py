@@ -131,3 +131,17 @@ def test_every_committed_folder_finds_the_same_whichever_row_is_named_first(fold
     key = lambda fs: sorted((f.better, f.worse, f.length, round(f.comparison.value, 12))  # noqa: E731
                             for f in fs.between + fs.from_1x + fs.extrapolation)
     assert key(forward) == key(backward) and forward.made == backward.made
+
+
+def test_a_task_runs_findings_are_by_exact_match_only(tmp_path, capsys):
+    """`--findings --value` picks another metric of a text run (longppl: tests/metrics/test_longppl.py); a task
+    run's findings compare exact match, so another of its metrics is refused, naming the one it takes."""
+    from posenc_bench.commands.cli import main
+    from tests.analysis.fake_results import arec, task_results, write
+
+    folder = write(tmp_path / "run", task_results([arec(e, s, L, [1, 0] * 20) for e in ("rope", "alibi")
+                                                   for s in (0, 1) for L in (100, 200)]))
+    assert main(["report", str(folder), "--findings", "--value", "token_accuracy"]) == 2
+    assert "'token_accuracy' is not one; valid: accuracy" in capsys.readouterr().err
+    assert main(["report", str(folder), "--findings", "--value", "accuracy"]) == 0
+    assert "Between rows: A - B of exact match at a size" in capsys.readouterr().out
