@@ -75,6 +75,8 @@ def test_a_plugin_metric_is_in_the_report_the_gate_and_the_plots(plugin, tmp_pat
     assert main(["report", str(folder), "--value", "ppl,nll", "--compare", "alibi"]) == 0
     out = capsys.readouterr().out
     assert "Mean NLL per target" in out and "Mean NLL relative to alibi (paired)" in out
+    assert main(["report", str(folder), "--findings", "--value", "nll"]) == 0  # its findings, a family of its own
+    assert "every pair of rows at every length, by nll" in capsys.readouterr().out
 
     # the gate: a check per cell, with the plugin's own tolerance; a 5% rise of every NLL fails it
     worse = json.loads(json.dumps(data))
