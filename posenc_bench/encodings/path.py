@@ -160,10 +160,11 @@ def _key_terms(keys: torch.Tensor, blocks: Blocks) -> torch.Tensor:
     return blocks.u @ ((blocks.wb @ keys.transpose(-1, -2)) * strict)
 
 
-def _carry(keys: torch.Tensor, blocks: Blocks) -> torch.Tensor:
+def _carry(keys: torch.Tensor, blocks: Blocks, terms: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Each key carried to its block's end, H_{end} ... H_{j+1} k_j = k_j - W^T (column j of ``_key_terms``):
-    keys (B, H, n, L, D) by their blocks' ``block_transforms``."""
-    return keys - _key_terms(keys, blocks).transpose(-1, -2) @ blocks.w
+    keys (B, H, n, L, D) by their blocks' ``block_transforms``; ``terms``: their ``_key_terms``, where made."""
+    terms = _key_terms(keys, blocks) if terms is None else terms
+    return keys - terms.transpose(-1, -2) @ blocks.w
 
 
 def _blocks_of(w: torch.Tensor, beta: torch.Tensor, start: int, n: int, block: int, dtype: torch.dtype
@@ -211,25 +212,27 @@ def householder_logits(q: torch.Tensor, k: torch.Tensor, w: torch.Tensor, beta: 
     queries = queries.view(B, H, nb, L, D)[:, :, bq0:]  # (B, H, nq, L, D)
     # key j -> H_{end} ... H_{j+1} k_j, its block's end: (B, H, nb - 1, L, D), the blocks before the last query
     # block (the only ones read: each whole, with the same keys in every later chunk, or fewer of them)
-    head = blocks.sub(slice(nb - 1))
-    if cache is None:
-        carried = _carry(keys[:, :, :nb - 1], head)
-    else:
-        # valid for chunks in query order: a later chunk sees the same keys of a whole block, or fewer (a window)
-        start, done, last = cache.get(("carried", L, dtype), (g0, keys[:, :, :0], -1))
-        if start > g0 or start + done.shape[2] < g0 or int(q_pos[0]) <= last:  # start afresh
-            start, done = g0, keys[:, :, :0]
-        have = start + done.shape[2] - g0  # this range's blocks already carried
-        if have < nb - 1:
-            done = torch.cat([done, _carry(keys[:, :, have:nb - 1], head.sub(slice(have, None)))], dim=2)
+    # valid for chunks in query order: a later chunk sees the same keys of a whole block, or fewer (a window)
+    start, done, last = (cache or {}).get(("carried", L, dtype), (g0, keys[:, :, :0], -1))
+    if start > g0 or start + done.shape[2] < g0 or int(q_pos[0]) <= last:  # start afresh
+        start, done = g0, keys[:, :, :0]
+    have = min(start + done.shape[2] - g0, nb - 1)  # this range's blocks already carried
+    # ``_key_terms`` once for the blocks to carry now and the query blocks, which overlap in one chunk of every
+    # query (training): (B, H, nb - lo, L, L)
+    lo = min(have, bq0)
+    terms = _key_terms(keys[:, :, lo:], blocks.sub(slice(lo, None)))
+    if have < nb - 1:
+        new = _carry(keys[:, :, have:nb - 1], blocks.sub(slice(have, nb - 1)), terms[:, :, have - lo:nb - 1 - lo])
+        done = torch.cat([done, new], dim=2)
+    if cache is not None:
         cache["carried", L, dtype] = (start, done, qe - 1)
-        carried = done[:, :, g0 - start:g0 - start + nb - 1]
+    carried = done[:, :, g0 - start:g0 - start + nb - 1]
     # within each query block (the authors' ``A_local``): q_i^T k_j - (q_i^T W^T, up to row i) U strictly_lower
     # (W_b K^T); and each query back at its block's start a, H_i ... H_a q_i as a row: q_i - (q_i^T W^T) U W_b
     in_q = blocks.sub(slice(bq0, None))
     qw = (queries @ in_q.w.transpose(-1, -2)).tril()  # (B, H, nq, L, L)
     local = (queries @ keys[:, :, bq0:].transpose(-1, -2)).tril()
-    parts = [local - qw @ _key_terms(keys[:, :, bq0:], in_q)]  # (B, H, nq, L, L)
+    parts = [local - qw @ terms[:, :, bq0 - lo:]]  # (B, H, nq, L, L)
     u = queries - qw @ in_q.uwb
     rows = q_pos - first - bq0 * L  # the chunk's queries among the query blocks' nq L rows
     if nq == 1:  # a chunk inside one block (eval's chunks of a few rows): only its rows go on across blocks

@@ -158,7 +158,8 @@ def test_keys_are_carried_once_per_block_and_chunks_out_of_order_start_afresh(mo
     idx = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(3))
     carried = []
     real = path._carry
-    monkeypatch.setattr(path, "_carry", lambda keys, blocks: carried.append(keys.shape[2]) or real(keys, blocks))
+    monkeypatch.setattr(path, "_carry", lambda keys, blocks, terms=None: carried.append(keys.shape[2])
+                        or real(keys, blocks, terms))
     with torch.no_grad():
         want = reference_forward(model, idx)
         assert (model(idx) - want).abs().max() < 1e-5
@@ -172,6 +173,25 @@ def test_keys_are_carried_once_per_block_and_chunks_out_of_order_start_afresh(mo
     for q_pos, k_pos in (late, early):  # the late chunk sees keys 7.. of block 6..8; the early one needs key 6
         got = householder_logits(q[:, :, q_pos], k[:, :, k_pos], w, beta, q_pos, k_pos, 3, cache)
         assert torch.equal(got, householder_logits(q[:, :, q_pos], k[:, :, k_pos], w, beta, q_pos, k_pos, 3))
+
+
+def test_a_forward_in_one_chunk_makes_each_blocks_key_terms_once(monkeypatch):
+    """Training's forward (every query in one chunk): the key terms serve both the keys carried to their block's
+    end and the pairs inside each query block, made once for each of the 5 blocks of 4 in 20 tokens, per layer,
+    and the logits stay exact."""
+    from posenc_bench.encodings import path
+
+    monkeypatch.setattr(path, "BLOCK", 4)
+    model = path_model().double()
+    idx = torch.randint(0, 256, (2, 20), generator=torch.Generator().manual_seed(3))
+    made = []
+    real = path._key_terms
+    monkeypatch.setattr(path, "_key_terms", lambda keys, blocks: made.append(keys.shape[2]) or real(keys, blocks))
+    with torch.no_grad():
+        want = reference_forward(model, idx)
+        made.clear()
+        assert (model(idx) - want).abs().max() < 1e-5
+    assert made == [5] * CFG.n_layers
 
 
 @pytest.mark.parametrize("block", [1, 3, 4, 16, 64])
