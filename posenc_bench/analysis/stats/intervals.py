@@ -97,24 +97,23 @@ class Intervals:
 
     # ------------------------------------------------------------------------------------------- the values
 
-    def _values(self, value: str, rows: tuple[str, ...], length: int) -> Optional[tuple[np.ndarray, ...]]:
-        """Each of ``rows``' statistic (k, 1 + draws) at the seeds where every one has a number, data first and
-        then the text draws; None where no seed has one."""
-        got = self._at(value, rows, length)
-        return None if got is None else got[0]
-
-    def _at(self, value: str, rows: tuple[str, ...], length: int) -> Optional[tuple[tuple[np.ndarray, ...], list]]:
-        """(``_values``, the seeds they are at)."""
+    def _at(self, value: str, rows: tuple[str, ...], length: int
+            ) -> Optional[tuple[tuple[np.ndarray, ...], list, int]]:
+        """(each of ``rows``' statistic (k, 1 + draws) at the seeds where every one has a number, data first and
+        then the text draws; those seeds; the text's independent clusters behind them: every one, or for a
+        metric with a weight (LongPPL) the fewest holding any of it in a row and seed compared); None without."""
         per_seed = self.draws.per_seed
         if self.problem or value not in per_seed or length not in self.lengths or any(r not in self.rows for r in rows):
             return None
-        j = self.lengths.index(length)
-        x = [per_seed[value][self.rows.index(r), :, j] for r in rows]  # each (S, 1 + draws)
+        j, at = self.lengths.index(length), [self.rows.index(r) for r in rows]
+        x = [per_seed[value][i, :, j] for i in at]  # each (S, 1 + draws)
         log = not metrics.get(value).difference  # on the log scale a value must be above 0 (a share of 0 has no log)
         keep = np.all([np.isfinite(a[:, 0]) & ((a[:, 0] > 0) if log else True) for a in x], axis=0)  # (S,)
         if not keep.any():
             return None
-        return tuple(a[keep] for a in x), [s for s, k in zip(self.seeds, keep) if k]
+        holding = self.draws.holding.get(value)
+        clusters = self.draws.clusters if holding is None else int(holding[at][:, keep, j].min())
+        return tuple(a[keep] for a in x), [s for s, k in zip(self.seeds, keep) if k], clusters
 
     def _counts(self, value: str, row: str, length: int) -> Optional[np.ndarray]:
         """(k, instances) 0/1 outcomes of each seed of ``row`` at ``length``, for a binomial share."""
@@ -125,15 +124,6 @@ class Intervals:
         a = got[self.rows.index(row), :, self.lengths.index(length)]  # (S, instances)
         return a[np.isfinite(a[:, 0])]
 
-    def _clusters(self, value: str, rows: tuple[str, ...], length: int, seeds: list) -> int:
-        """The text's independent clusters behind ``value`` of ``rows`` at ``length`` and ``seeds``: every one, or
-        for a metric with a weight (LongPPL) the fewest holding any of it in a row and seed compared."""
-        holding = self.draws.holding.get(value)
-        if holding is None:
-            return self.draws.clusters
-        j, at = self.lengths.index(length), [self.seeds.index(s) for s in seeds]
-        return int(min(holding[self.rows.index(r), at, j].min() for r in rows))
-
     def estimate(self, value: str, row: str, length: int) -> Optional[Estimate]:
         """``value`` of ``row`` at ``length`` over its seeds; None without numbers. A task's exact match over
         several seeds declines an interval (module docstring); at one seed it is exact (Clopper-Pearson)."""
@@ -143,7 +133,7 @@ class Intervals:
         metric, x = metrics.get(value), got[0][0]
         if metric.difference and len(x) >= MIN_SEEDS:
             return Estimate(float(x[:, 0].mean()), declined=BIMODAL.format(k=len(x)))
-        e = _estimate(metric, self._clusters(value, (row,), length, got[1]), x)
+        e = _estimate(metric, got[2], x)
         if len(x) >= MIN_SEEDS and (mixed := _mixed(self, (row,), got[1])):
             return Estimate(e.center, log=e.log, declined=MIXED.format(n=mixed[0], k=mixed[1]))
         return e
@@ -174,11 +164,11 @@ class Intervals:
         got = self._at(value, (row,), length)
         if got is None:
             return None
-        metric, (x,), seeds = metrics.get(value), got[0], got[1]
+        metric, (x,), seeds, clusters = metrics.get(value), got[0], got[1], got[2]
         k, common = len(x), _common(self, metric, len(x))
         if k >= MIN_SEEDS and (mixed := _mixed(self, (row,), seeds)):
             return _sign_flip(np.log(x[:, 0]), MIXED.format(n=mixed[0], k=mixed[1]), True, common)
-        return Comparison(_estimate(metric, self._clusters(value, (row,), length, seeds), x), **common)
+        return Comparison(_estimate(metric, clusters, x), **common)
 
     def compare(self, value: str, row: str, ref: str, length: int) -> Optional[Comparison]:
         """``row`` / ``ref`` of ``value`` at ``length`` (``row`` - ``ref`` for a metric compared as a difference),
@@ -187,11 +177,11 @@ class Intervals:
         if got is None:
             return None
         metric = metrics.get(value)
-        (a, b), seeds = got
+        (a, b), seeds, clusters = got
         k, common = len(a), _common(self, metric, len(a))
         mixed = _mixed(self, (row, ref), seeds) if k >= MIN_SEEDS else None
         if not metric.difference and not mixed:
-            return Comparison(_estimate(metric, self._clusters(value, (row, ref), length, seeds), a / b), **common)
+            return Comparison(_estimate(metric, clusters, a / b), **common)
         diff = a[:, 0] - b[:, 0] if metric.difference else np.log(a[:, 0] / b[:, 0])  # (k,)
         if k >= MIN_SEEDS:  # the exact sign-flip test over seeds: valid whatever the seeds' distribution
             why = MIXED.format(n=mixed[0], k=mixed[1]) if mixed else BIMODAL.format(k=k)
@@ -203,8 +193,7 @@ class Intervals:
                          min_p=mcnemar_p(only_a + only_b, 0))
             return Comparison(e, **common)
         bounds = (metric.bounds[0] - metric.bounds[1], metric.bounds[1] - metric.bounds[0]) if metric.bounds else None
-        return Comparison(_estimate(metric, self._clusters(value, (row, ref), length, seeds), a - b), bounds=bounds,
-                          **common)
+        return Comparison(_estimate(metric, clusters, a - b), bounds=bounds, **common)
 
     # ----------------------------------------------------------------------------------------- description
 
@@ -309,10 +298,11 @@ def seed_values(iv: Intervals, value: str, row: str, length: int, ref: Optional[
     """(k,): each seed's ``value`` of ``row`` at ``length`` on the whole text (over ``ref``'s at the same seed when
     given: a ratio, or a difference of shares), for the seeds that have it; None without numbers. The seeds one by
     one, no interval: what a reader counts as "every seed points the same way"."""
-    got = iv._values(value, (row,) if ref is None else (row, ref), length)
+    got = iv._at(value, (row,) if ref is None else (row, ref), length)
     if got is None:
         return None
-    return got[0][:, 0] if ref is None else metrics.get(value).compare(got[0][:, 0], got[1][:, 0])
+    x = got[0]
+    return x[0][:, 0] if ref is None else metrics.get(value).compare(x[0][:, 0], x[1][:, 0])
 
 
 def _seeds_text(iv: Intervals) -> str:
