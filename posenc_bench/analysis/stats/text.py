@@ -105,9 +105,9 @@ def draws_of(records: list[dict], kind: metrics.Kind, grid: tuple[list, list, li
                               for i, row in enumerate(rows)])  # (R, S, 1 + draws)
             per_seed[m.name] = per_seed[m.of] / at_1x[:, :, None, :]
     outcomes = {m.counts: arrays[m.counts] for m in metrics.of_kind(kind.name) if m.counts in arrays}
-    in_cluster = np.eye(G)[cluster]  # (units, G)
-    holding = {m.name: ((np.nan_to_num(arrays[m.weight]) @ in_cluster) > 0).sum(-1)  # (R, S, L)
-               for m in metrics.of_kind(kind.name) if m.weight in arrays}
+    weighted = [m for m in metrics.of_kind(kind.name) if m.weight in arrays]  # LongPPL's, where key tokens are
+    in_cluster = np.eye(G)[cluster] if weighted else None  # (units, G): made only for a metric that needs it
+    holding = {m.name: ((np.nan_to_num(arrays[m.weight]) @ in_cluster) > 0).sum(-1) for m in weighted}  # (R, S, L)
     return Draws("", units.get("size", 1), n, G, documents, measured, per_seed, outcomes, holding)
 
 
