@@ -17,16 +17,35 @@ def _short_commit(commit: str) -> str:
     return sha[:12] + ("-dirty" if dirty else "")
 
 
-def _commits(run: dict, records: Optional[list[dict]]) -> str:
-    """'commit X', or, when rows were added by later invocations, every commit with its rows."""
-    by_commit: dict[str, list[str]] = {}
+def _by_record(run: dict, records: Optional[list[dict]], field: str, word: str, short=lambda v: v) -> str:
+    """'{word} X' for a run whose records share ``field`` (its header's value where they lack it), else every value
+    with its rows ('{word}s X (rows); Y (rows)'): rows added by later invocations, at another commit or on another
+    machine (a header names the last invocation's alone)."""
+    by_value: dict[str, list[str]] = {}
     for r in records or []:
-        rows = by_commit.setdefault(_short_commit(r.get("git_commit") or run["git_commit"]), [])
+        rows = by_value.setdefault(short(r.get(field) or run[field]), [])
         if r["encoding"] not in rows:
             rows.append(r["encoding"])
-    if len(by_commit) <= 1:
-        return f"commit {_short_commit(next(iter(by_commit), run['git_commit']))}"
-    return "commits " + "; ".join(f"{c} ({', '.join(rows)})" for c, rows in by_commit.items())
+    if len(by_value) <= 1:
+        return f"{word} {next(iter(by_value), short(run[field]))}"
+    return f"{word}s " + "; ".join(f"{v} ({', '.join(rows)})" for v, rows in by_value.items())
+
+
+def _commits(run: dict, records: Optional[list[dict]]) -> str:
+    """'commit X', or, when rows were added by later invocations, every commit with its rows."""
+    return _by_record(run, records, "git_commit", "commit", _short_commit)
+
+
+def _every(run: dict, records: Optional[list[dict]], field: str, word: str, short=lambda v: v) -> str:
+    """Every value of ``field`` over the records, in order, for a figure's short caption: 'commit X', 'commits X, Y'
+    (without a ``word``, the values alone)."""
+    values = list(dict.fromkeys(short(r.get(field) or run[field]) for r in records or [run]))
+    return (f"{word}{'s' if len(values) > 1 else ''} " if word else "") + ", ".join(values)
+
+
+def _devices(run: dict, records: Optional[list[dict]]) -> str:
+    """'device X', or, when rows ran on several machines, every device with its rows."""
+    return _by_record(run, records, "device", "device")
 
 
 def _params(run: dict, records: Optional[list[dict]], digits: Optional[int] = None) -> str:
@@ -88,7 +107,7 @@ def caption(run: dict, records: Optional[list[dict]] = None) -> str:
         f"{m['n_heads']} heads), trained {t['steps']} steps x {t['batch_size']} x {t['train_len']} tokens "
         f"(lr {t['lr']:g}); corpus {run['corpus']['source']} ({run['corpus']['fingerprint']}), "
         f"{run['eval_tokens']:,} {_scored(run)} scored at every length "
-        f"(eval {run['eval_fingerprint']}){_protocol(cfg)}; seeds {','.join(map(str, seeds))}; device {run['device']}; "
+        f"(eval {run['eval_fingerprint']}){_protocol(cfg)}; seeds {','.join(map(str, seeds))}; {_devices(run, records)}; "
         f"torch {run['versions']['torch']}; {_commits(run, records)}."
     ) + tuning_text(records) + untuned_text(run, records)
 
@@ -197,7 +216,7 @@ def task_caption(run: dict, records: Optional[list[dict]] = None) -> str:
         f"trained {t['steps']} steps x {t['batch_size']} instances of sizes {task['min_size']}-{task['train_size']} "
         f"(up to {t['train_len']} tokens; lr {t['lr']:g}; task {c['fingerprint']}); "
         f"{_instances_per_size(run)} test instances at each size (eval {run['eval_fingerprint']}); seeds "
-        f"{','.join(map(str, cfg['seeds']))}; device {run['device']}; torch {run['versions']['torch']}; "
+        f"{','.join(map(str, cfg['seeds']))}; {_devices(run, records)}; torch {run['versions']['torch']}; "
         f"{_commits(run, records)}."
     )
 
@@ -246,9 +265,9 @@ def hf_caption(run: dict, records: Optional[list[dict]] = None) -> str:
         f"train length {run['train_len']} ({run['train_len_source']}); tokenizer {m['tokenizer']['class']} "
         f"(vocab {m['tokenizer']['vocab_size']:,}, {_prefix(run)}); "
         f"corpus {run['corpus']['source']} ({run['corpus']['fingerprint']}), {run['eval_tokens']:,} {_scored(run)} "
-        f"({run['eval_bytes']:,} bytes) scored at every length (eval {run['eval_fingerprint']}); device {run['device']}; "
+        f"({run['eval_bytes']:,} bytes) scored at every length (eval {run['eval_fingerprint']}); {_devices(run, records)}; "
         f"torch {run['versions']['torch']}, transformers {run['versions']['transformers']}; "
-        f"commit {_short_commit(run['git_commit'])}."
+        f"{_commits(run, records)}."
     ) + tuning_text(records) + untuned_text(run, records)
 
 
@@ -259,11 +278,10 @@ def short_caption(run: dict, records: Optional[list[dict]] = None) -> str:
         return (f"{m['ref'].rsplit('/', 1)[-1]}{'/' + m['gguf_file'] if m.get('gguf_file') else ''}, "
                 f"{m['params'] / 1e6:.0f}M params, train len {run['train_len']}, tokenizer {m['tokenizer']['class']}\n"
                 f"corpus {run['corpus']['source']} ({run['corpus']['fingerprint']}), {run['eval_tokens']:,} tokens "
-                f"per length; {run['device']}; commit {_short_commit(run['git_commit'])}")
+                f"per length; {_every(run, records, 'device', '')}; "
+                f"{_every(run, records, 'git_commit', 'commit', _short_commit)}")
     cfg = run["config"]
     m, t = cfg["model"], cfg["train"]
-    commits = list(dict.fromkeys(_short_commit(r.get("git_commit") or run["git_commit"]) for r in records or []))
-    commit = ("commits " + ", ".join(commits)) if len(commits) > 1 else f"commit {_short_commit(run['git_commit'])}"
     if _is_task(run):
         scored = (f"task {run['corpus']['task']} ({run['corpus']['fingerprint']}), train sizes "
                   f"{cfg['task']['min_size']}-{cfg['task']['train_size']}, {_instances_per_size(run)} test instances "
@@ -274,5 +292,6 @@ def short_caption(run: dict, records: Optional[list[dict]] = None) -> str:
     return (
         f"{_params(run, records, 2)} params ({m['n_layers']}L, d{m['d_model']}, {m['n_heads']}H), "
         f"train len {t['train_len']}, {t['steps']} steps x {t['batch_size']}; seeds "
-        f"{','.join(map(str, cfg['seeds']))}\n{scored}; {run['device']}; {commit}"
+        f"{','.join(map(str, cfg['seeds']))}\n{scored}; "
+        f"{_every(run, records, 'device', '')}; {_every(run, records, 'git_commit', 'commit', _short_commit)}"
     )

@@ -247,10 +247,10 @@ def annotate(table: Table, runs: Sequence[Run], intervals: dict[str, Intervals],
     for j, col in enumerate(table.columns):
         iv = intervals.get(col.run)
         if iv is not None and iv.available and iv.windows(col.eval_len) < MIN_WINDOWS:
+            n = iv.windows(col.eval_len)
             samples = (iv.kind.samples if iv.kind.instances else
-                       f"independent windows of {col.eval_len} tokens")
-            table.notes.append(f"{col.header()}: only {iv.windows(col.eval_len)} {samples}; its intervals rest on "
-                               "few samples")
+                       f"independent window{'s' if n != 1 else ''} of {col.eval_len} tokens")
+            table.notes.append(f"{col.header()}: only {n} {samples}; its intervals rest on few samples")
     table.notes += [n for run in runs if (n := seeds_note(run, table.rows)) is not None]
     one_seed = [iv is not None and iv.available and len(iv.seeds) < MIN_SEEDS for iv in
                 (intervals.get(col.run) for col in table.columns)]

@@ -139,3 +139,16 @@ def test_an_untuned_text_table_names_its_zero_shot_rows_that_have_a_grid():
         " Not tuned (authors' defaults; eval.tune off): hf:SmolLM2-135M-Instruct.Q4_1+yarn, "
         "hf:SmolLM2-135M-Instruct.Q4_1+selfextend, hf:SmolLM2-135M-Instruct.Q4_1+rerope, "
         "hf:SmolLM2-135M-Instruct.Q4_1+leaky, hf:SmolLM2-135M-Instruct.Q4_1+sink4+sw8188.")
+
+
+def test_a_caption_names_every_device_when_rows_ran_on_several_machines():
+    """A run resumed on another machine: its header names the last machine alone, each record its own."""
+    recs = [dict(r, device="cpu:A") for r in RECORDS[:4]] + [dict(r, device="cpu:B") for r in RECORDS[4:6]]
+    run = run_meta(["rope", "learned"])
+    assert "; devices cpu:A (rope); cpu:B (learned); torch " in caption(run, recs)
+    assert f"; device {run['device']}; torch " in caption(run, RECORDS[:4])  # records without devices: the header's
+    assert "; cpu:A, cpu:B; commit " in short_caption(run, recs)
+    hf = hf_run()
+    hf_recs = [{"encoding": "model", "device": "cpu:A"}, {"encoding": "model+yarn", "device": "cpu:B"}]
+    assert "; devices cpu:A (model); cpu:B (model+yarn); torch " in caption(hf, hf_recs)
+    assert "; cpu:A, cpu:B; commit " in short_caption(hf, hf_recs)

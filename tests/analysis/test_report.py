@@ -227,6 +227,10 @@ def test_plateau_flag_and_few_windows_and_csv_columns(tmp_path, capsys):
     assert "| nope [1]" in out and "[1] uses only local context" in out  # 2.20 -> 2.19 nats is not 0.05 below
     assert "| rope " in out and "| rope [" not in out
     assert "2x (200): only 20 independent windows of 200 tokens" in out  # 20 units of 200 targets
+    two = unit_results(n=2)
+    two["records"] += [dict(r, eval_len=400, ratio=4.0) for r in two["records"] if r["eval_len"] == 200]
+    assert main(["report", str(write(tmp_path / "two", two))]) == 0
+    assert "4x (400): only 1 independent window of 400 tokens; its intervals" in capsys.readouterr().out
     assert main(["report", str(folder), "--format", "csv"]) == 0
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     rope = next(r for r in rows if r["encoding"] == "rope" and r["value"] == "ppl" and r["eval_len"] == "200")
