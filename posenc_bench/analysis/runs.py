@@ -54,6 +54,11 @@ def is_task(run: Run) -> bool:
     return kind_of(run).instances
 
 
+def is_pretrained(run: Run) -> bool:
+    """Whether a results file holds an eval of a pretrained (Hugging Face) model: one checkpoint, no seeds."""
+    return run.data["run"].get("kind") == "eval" and (run.data["run"].get("model") or {}).get("kind") == "hf"
+
+
 def train_len(run: dict) -> int:
     """A results file's train length (1x): the run's own, or its config's in older training runs."""
     return run.get("train_len") or run["config"]["train"]["train_len"]

@@ -20,12 +20,14 @@ from posenc_bench.analysis.stats.estimate import CHECKPOINT
 from posenc_bench.analysis.stats.family import Family, correct
 from posenc_bench.analysis.stats.intervals import CI, MIN_SEEDS, MIN_WINDOWS, Intervals
 from posenc_bench.analysis.stats.seeds import mean_std, over_seeds, with_value
-from posenc_bench.analysis.runs import ReportError, Run, kind_of, row_order
+from posenc_bench.analysis.runs import ReportError, Run, is_pretrained, kind_of, row_order
 
 CHECKPOINT_NOTE = (f"† this checkpoint: fewer than {MIN_SEEDS} seeds in common, so the interval covers the text only and "
                    "describes these trained models, not their recipe; another seed can move a model by more")
 ONE_SEED_NOTE = ("one seed: every interval and mark in this table is about this checkpoint (these trained models on "
                  "this text), not about the methods; another seed can move a model by more than the text does")
+PRETRAINED_NOTE = ("one pretrained model: every interval and mark in this table is about this checkpoint on this text, "
+                   "not about the methods; another model can rank its rows differently")
 
 
 def _fmt_ratio(r: float) -> str:
@@ -256,9 +258,10 @@ def annotate(table: Table, runs: Sequence[Run], intervals: dict[str, Intervals],
                 (intervals.get(col.run) for col in table.columns)]
     for (row, j), cell in table.cells.items():
         cell.checkpoint = cell.checkpoint and not one_seed[j]
-    if any(one_seed):
-        runs_one = sorted({col.run for col, one in zip(table.columns, one_seed) if one})
-        table.notes.append((f"{', '.join(runs_one)}: " if runs_one != [""] else "") + ONE_SEED_NOTE[0].upper()
-                           + ONE_SEED_NOTE[1:])
+    pretrained = {run.label for run in runs if is_pretrained(run)}
+    for note, which in ((ONE_SEED_NOTE, False), (PRETRAINED_NOTE, True)):
+        runs_one = sorted({col.run for col, one in zip(table.columns, one_seed) if one and (col.run in pretrained) == which})
+        if runs_one:
+            table.notes.append((f"{', '.join(runs_one)}: " if runs_one != [""] else "") + note[0].upper() + note[1:])
     if any(c.checkpoint for c in table.cells.values()):
         table.notes.append(CHECKPOINT_NOTE)

@@ -8,7 +8,7 @@ import pytest
 from tests.analysis.fake_results import RECORDS, rec, results, unit_results, write
 from posenc_bench.analysis.report import cell_text
 from posenc_bench.analysis.tables import annotate, build_table, compare_table
-from posenc_bench.analysis.runs import ReportError, Run, load_runs, run_intervals
+from posenc_bench.analysis.runs import ReportError, Run, is_pretrained, load_runs, run_intervals
 from posenc_bench.commands.cli import main
 
 
@@ -135,6 +135,15 @@ def test_compare_table_and_its_marks(tmp_path, capsys):
     assert lines["rope-ntk"].rstrip(" |").endswith("] *")  # the mark the title promises, printed
     assert ntk.cells["alibi", 1].note == "*" and ntk.cells["alibi", 1].checkpoint  # another model, one seed
     assert "One seed: every interval and mark in this table is about this checkpoint" in out
+    hf = unit_results()
+    hf["run"] = {**hf["run"], "kind": "eval", "model": {"kind": "hf"}}  # a pretrained model's zero-shot rows
+    assert is_pretrained(Run("", "", hf)) and not is_pretrained(runs[0])
+    hf_runs = [Run("", "", hf)]
+    table = compare_table(hf_runs, "rope", run_intervals(hf_runs))
+    annotate(table, hf_runs, run_intervals(hf_runs), {})
+    notes = table.notes
+    assert not any(n.startswith("One seed") for n in notes)
+    assert "One pretrained model: every interval and mark in this table is about this checkpoint on this text" in notes[-1]
     assert main(["report", str(folder), "--compare", "t5"]) == 2
     assert "--compare 't5': no such row in the results; rows: rope, rope-ntk, alibi, nope" in capsys.readouterr().err
     assert main(["report", str(folder), "--ci", "95"]) == 2
