@@ -182,7 +182,8 @@ def render(runs: Sequence[Run], *, fmt: str = "md", values: Sequence[str] = DEFA
         compared = {at + i: v for i, (at, v) in enumerate(sorted(compared.items()))}
     notes: dict[str, str] = {}
     intervals = run_intervals(runs, ci)
-    tables = [compare_table(runs, compare, intervals, digits=max(digits, 3), value=compared[i]) if v == "compare" else
+    tables = [compare_table(runs, compare, intervals, digits=max(digits, 3), value=compared[i], notes=notes)
+              if v == "compare" else
               build_table(runs, v, digits=digits, mark_best=mark_best, notes=notes, intervals=intervals)
               for i, v in enumerate(values) if v not in CONTEXT_TABLES]
     for t in tables:

@@ -188,9 +188,12 @@ def _level(intervals: dict[str, Intervals]) -> float:
 
 
 def compare_table(runs: Sequence[Run], ref: str, intervals: dict[str, Intervals], *, digits: int = 2,
-                  value: Optional[str] = None) -> Table:
+                  value: Optional[str] = None, notes: dict[str, str] | None = None) -> Table:
     """Every row against ``ref`` at the same length (seed means), with the paired interval: ppl as a ratio, or a
-    task's exact match (``value``: or its answer-token share) as a difference."""
+    task's exact match (``value``: or its answer-token share) as a difference. A comparison without an interval
+    (declined: e.g. its key tokens in one unit) gets the footnote of its reason from ``notes`` (shared as in
+    ``build_table``)."""
+    notes = {} if notes is None else notes
     rows = list(dict.fromkeys(r for run in runs for r in row_order(run.data)))
     if not any(ref == rec["encoding"] for run in runs for rec in run.data["records"]):
         raise ReportError(f"--compare {ref!r}: no such row in the results; rows: {', '.join(rows)}")
@@ -214,8 +217,10 @@ def compare_table(runs: Sequence[Run], ref: str, intervals: dict[str, Intervals]
             continue
         i = c.estimate.interval(ci, c.bounds)  # the table's level: the mark says what survives the correction
         lo, hi = (i.lo, i.hi) if i is not None else (None, None)
-        table.cells[row, j] = Cell("ok", c.value, lo=lo, hi=hi, significant=c.significant,
-                                   note="*" if c.significant else "", checkpoint=c.level == CHECKPOINT)
+        note = ("*" if c.significant else notes.setdefault(c.estimate.declined, f"[{len(notes) + 1}]")
+                if c.estimate.declined and row != ref else "")
+        table.cells[row, j] = Cell("ok", c.value, lo=lo, hi=hi, significant=c.significant, note=note,
+                                   checkpoint=c.level == CHECKPOINT)
     table.rows = [r for r in rows if any(table.cells[r, j].status == "ok" for j in range(len(columns)))]
     return table
 

@@ -143,6 +143,11 @@ def test_key_tokens_in_one_unit_give_no_interval_and_no_finding(tmp_path, capsys
     rope = next(line for line in out.splitlines() if line.startswith("| rope "))
     mark = rope.split("|")[-2].split()[-1]
     assert mark.startswith("[") and f"{mark} {ONE_CLUSTER.format(weight='key tokens')}" in out
+    assert main(["report", str(folder), "--value", "longppl", "--compare", "rope"]) == 0
+    compared = capsys.readouterr().out.split("LongPPL relative to rope")[1]
+    nope = next(line for line in compared.splitlines() if line.startswith("| nope "))
+    assert nope.split("|")[-2].split()[-1] == mark and f"{mark} {ONE_CLUSTER.format(weight='key tokens')}" in compared
+    assert next(line for line in compared.splitlines() if line.startswith("| rope ")).split("|")[-2].strip() == "1.000"
 
 
 def test_findings_by_longppl_compare_rows_past_1x_in_their_own_family(tmp_path, capsys):

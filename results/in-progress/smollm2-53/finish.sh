@@ -20,8 +20,8 @@ mkdir -p "$DEST"
 cp "$OUT/results.json" "$DEST/results.json"
 posenc-bench report "$DEST" --out "$DEST/table.md" > /dev/null
 YARN="hf:SmolLM2-135M-Instruct.Q4_1+yarn"
-posenc-bench report "$DEST" --value ppl,ratio --compare "$YARN" --update "$DEST/README.md"
-posenc-bench report "$DEST" --value longppl,key_share --update "$DEST/README.md"
+[ -f "$DEST/README.md" ] || cp results/in-progress/smollm2-53/README.draft.md "$DEST/README.md"  # the draft, with the markers
+posenc-bench report "$DEST" --value ppl,ratio,longppl,key_share --compare "$YARN" --update "$DEST/README.md"
 posenc-bench report "$DEST" --findings --update "$DEST/README.md"
 posenc-bench report "$DEST" --findings --value longppl --update "$DEST/README.md"
 posenc-bench plot "$DEST" --out "$DEST/figures" --formats png
