@@ -25,7 +25,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="hf:<model> (or a checkpoint folder of ours)")
     p.add_argument("--rope-scaling", default="", metavar="SCALINGS",
                    help="zero-shot rows beside the model's own, as for eval: linear, dynamic, yarn, llama3, ntk, "
-                        "rerope, leaky, selfextend, sink<S>+sw<W>; all (the transformers ones) or none (default)")
+                        "rerope, leaky, selfextend, string, sink<S>+sw<W>; all (the transformers ones) or none (default)")
     p.add_argument("--variants", default=VARIANTS, help=f"needle variants (default {VARIANTS})")
     p.add_argument("--lengths", default="1,2,4x", help="prompt lengths: absolute or multiples (default 1,2,4x)")
     p.add_argument("--depths", default="0,0.25,0.5,0.75,1",

@@ -11,7 +11,7 @@ from posenc_bench.hf import rope as hf_rope
 
 def checkpoint_scalings() -> list[str]:
     """What ``eval --rope-scaling`` takes for our checkpoints: every zero-shot row of the trained rope model
-    by its suffix (linear, ntk, dynamic, yarn, llama3, rerope, leaky, selfextend), plus sink<S>+sw<W>."""
+    by its suffix (linear, ntk, dynamic, yarn, llama3, rerope, leaky, selfextend, string), plus sink<S>+sw<W>."""
     from posenc_bench import encodings
 
     return [Row(n).suffix for n in encodings.variants("rope")]
@@ -19,7 +19,7 @@ def checkpoint_scalings() -> list[str]:
 
 def parse_scalings(value: str) -> list[str]:
     """'linear,yarn' -> ['linear', 'yarn']; 'all' = every scaling transformers has; 'none' or '' = none.
-    Also every other zero-shot row of the rope model (``checkpoint_scalings``: ntk, rerope, leaky, selfextend)
+    Also every other zero-shot row of the rope model (``checkpoint_scalings``: ntk, rerope, leaky, selfextend, string)
     and attention sinks, sink<S>+sw<W> (or sink<S> on a model trained with a window)."""
     items = [v.strip().lower() for v in value.split(",") if v.strip()]
     out: list[str] = []
