@@ -127,9 +127,28 @@ def build_table(runs: Sequence[Run], value: str, *, digits: int = 2, mark_best: 
                     g = [float(x) for x in over_seeds(group, key).values]
                     cell.spread, cell.std = (min(g), max(g)), None
             table.cells[row, j] = cell
+    if not metric.ranked:
+        _one_row(table)
     if mark_best and metric.ranked:
         _mark_best(table, intervals)
     return table
+
+
+EVERY_ROW = "every row"  # the one row of a value that is the same for every row (``Metric.ranked`` False)
+
+
+def _one_row(table: Table) -> None:
+    """A value the same for every row (the evaluator's share of key tokens) as one row, ``EVERY_ROW``, where every
+    row's cells agree at every length (a row without a value there aside); rows that disagree stay as they are,
+    each shown, since then the value is not what its metric says it is."""
+    merged: dict[int, Cell] = {}
+    for j in range(len(table.columns)):
+        cells = [table.cells[r, j] for r in table.rows if table.cells[r, j].status == "ok"]
+        if any((c.mean, c.lo, c.hi, c.note) != (cells[0].mean, cells[0].lo, cells[0].hi, cells[0].note) for c in cells):
+            return
+        merged[j] = cells[0] if cells else table.cells[table.rows[0], j]
+    table.rows = [EVERY_ROW]
+    table.cells = {(EVERY_ROW, j): cell for j, cell in merged.items()}
 
 
 def _mark_best(table: Table, intervals: dict[str, Intervals]) -> None:

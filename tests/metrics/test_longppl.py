@@ -105,8 +105,8 @@ def test_a_length_with_no_key_tokens_is_na_with_its_reason_not_nan(tmp_path, cap
     assert rope.split("|")[-2].strip().startswith("n/a [")  # 2x (200): no value, a footnote saying why
     assert metrics.get("longppl").no_value in longppl
     share = out.split("Share of the targets")[1]
-    rope = next(line for line in share.splitlines() if line.startswith("| rope "))
-    assert rope.split("|")[-2].strip() == "0.0000 (every seed)"  # 0 on every seed and draw: no log-scale interval
+    every = next(line for line in share.splitlines() if line.startswith("| every row "))
+    assert every.split("|")[-2].strip() == "0.0000 (every seed)"  # 0 on every seed and draw: no log-scale interval
 
 
 def test_key_tokens_in_one_unit_give_no_interval_and_no_finding(tmp_path, capsys):
@@ -182,3 +182,22 @@ def test_findings_by_longppl_compare_rows_past_1x_in_their_own_family(tmp_path, 
     assert main(["report", str(folder), "--value", "key_share"]) == 0
     share = capsys.readouterr().out.split("Share of the targets")[1]
     assert "bold" not in share and "≈" not in share and "| 0.0300 [" in share  # 60 of 2000 targets at 2x
+    body = [line for line in share.splitlines() if line.startswith("| ") and "encoding" not in line]
+    assert [line.split("|")[1].strip() for line in body] == ["every row"]  # the same for every row: one row
+
+
+def test_a_share_of_key_tokens_that_differs_between_rows_shows_every_row():
+    """key_share is the evaluator's, so one row shows it for all; records whose shares differ (key tokens of
+    two evaluators mixed in one folder) keep a row each, so the table never hides the disagreement."""
+    from posenc_bench.analysis.runs import Run, run_intervals
+    from posenc_bench.analysis.tables import EVERY_ROW, build_table
+
+    data = _keyed(unit_results(seeds=(0,)))
+    runs = [Run("", "", data)]
+    assert build_table(runs, "key_share", intervals=run_intervals(runs)).rows == [EVERY_ROW]
+    for r in data["records"]:
+        if r["encoding"] == "nope" and r["eval_len"] == 200:
+            r["units"]["key_tokens"] = [k + 1 for k in r["units"]["key_tokens"]]
+    runs = [Run("", "", data)]
+    table = build_table(runs, "key_share", intervals=run_intervals(runs))
+    assert table.rows == ["rope", "rope-ntk", "alibi", "nope"] and table.cells["nope", 1].mean > table.cells["rope", 1].mean
