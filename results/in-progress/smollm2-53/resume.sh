@@ -1,6 +1,7 @@
 #!/bin/bash
 # Continue issue 53's SmolLM2 cell (results/in-progress/README.md, "Issue 53's reruns") on any machine:
-#   git worktree add $WT fbbacc7; copy results.json, eval.partial.json and key_tokens.pt from this folder to $OUT;
+#   git worktree add $WT fbbacc7; copy results.json, key_tokens.pt and (where a sitting left one mid-row)
+#   eval.partial.json from this folder to $OUT;
 #   THREADS=2 bash resume.sh            (both cores, at every sitting: one thread count for the whole table)
 # With CHECK=1 it first scores the unscaled model at 1x into $OUT-check, to compare with the committed record
 # (a new machine's bits against the table's: compare its four unit sums with the committed model row at 1x).
