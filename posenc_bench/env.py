@@ -10,7 +10,7 @@ import re
 import subprocess
 from importlib import metadata
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 import torch
 
@@ -67,6 +67,33 @@ def git_tracked(path: Path) -> bool:
     except (OSError, subprocess.SubprocessError):
         return False
     return out.returncode == 0 and bool(out.stdout.strip("\0"))
+
+
+def short_commit(commit: str) -> str:
+    """A commit as captions print it: 12 hex digits, keeping the "-dirty" mark."""
+    sha, dirty, _ = commit.partition("-dirty")
+    return sha[:12] + ("-dirty" if dirty else "")
+
+
+def every_value(pairs: Iterable[tuple[str, str]], word: str, default: str = "?", plural: str = "") -> str:
+    """Where results were made, in words, from (row, value) pairs (a commit or a device per record): '{word} X'
+    where every record shares X (``default`` where there are none), else every value with its rows, '{word}s X
+    (rows); Y (rows)' (``plural`` for '{word}s'): a run resumed at another commit or on another machine, whose header
+    names the last alone."""
+    by_value: dict[str, list[str]] = {}
+    for row, value in pairs:
+        rows = by_value.setdefault(value, [])
+        if row not in rows:
+            rows.append(row)
+    if len(by_value) <= 1:
+        return f"{word} {next(iter(by_value), default)}"
+    return f"{plural or word + 's'} " + "; ".join(f"{v} ({', '.join(rows)})" for v, rows in by_value.items())
+
+
+def made_where() -> dict:
+    """The fields that say where and with what a number was made, for records built outside ``new_record`` (the
+    retrieval tests'): the code's commit (with "-dirty"), the package versions; the device is the caller's."""
+    return {"git_commit": git_commit(), "versions": versions()}
 
 
 def versions() -> dict:

@@ -11,29 +11,19 @@ from __future__ import annotations
 from collections import Counter
 from typing import Optional
 
-
-def _short_commit(commit: str) -> str:
-    sha, dirty, _ = commit.partition("-dirty")
-    return sha[:12] + ("-dirty" if dirty else "")
+from posenc_bench.env import every_value, short_commit
 
 
 def _by_record(run: dict, records: Optional[list[dict]], field: str, word: str, short=lambda v: v) -> str:
     """'{word} X' for a run whose records share ``field`` (its header's value where they lack it), else every value
-    with its rows ('{word}s X (rows); Y (rows)'): rows added by later invocations, at another commit or on another
-    machine (a header names the last invocation's alone)."""
-    by_value: dict[str, list[str]] = {}
-    for r in records or []:
-        rows = by_value.setdefault(short(r.get(field) or run[field]), [])
-        if r["encoding"] not in rows:
-            rows.append(r["encoding"])
-    if len(by_value) <= 1:
-        return f"{word} {next(iter(by_value), short(run[field]))}"
-    return f"{word}s " + "; ".join(f"{v} ({', '.join(rows)})" for v, rows in by_value.items())
+    with its rows (``env.every_value``)."""
+    return every_value(((r["encoding"], short(r.get(field) or run[field])) for r in records or []), word,
+                       short(run[field]))
 
 
 def _commits(run: dict, records: Optional[list[dict]]) -> str:
     """'commit X', or, when rows were added by later invocations, every commit with its rows."""
-    return _by_record(run, records, "git_commit", "commit", _short_commit)
+    return _by_record(run, records, "git_commit", "commit", short_commit)
 
 
 def _every(run: dict, records: Optional[list[dict]], field: str, word: str, short=lambda v: v) -> str:
@@ -279,7 +269,7 @@ def short_caption(run: dict, records: Optional[list[dict]] = None) -> str:
                 f"{m['params'] / 1e6:.0f}M params, train len {run['train_len']}, tokenizer {m['tokenizer']['class']}\n"
                 f"corpus {run['corpus']['source']} ({run['corpus']['fingerprint']}), {run['eval_tokens']:,} tokens "
                 f"per length; {_every(run, records, 'device', '')}; "
-                f"{_every(run, records, 'git_commit', 'commit', _short_commit)}")
+                f"{_every(run, records, 'git_commit', 'commit', short_commit)}")
     cfg = run["config"]
     m, t = cfg["model"], cfg["train"]
     if _is_task(run):
@@ -293,5 +283,5 @@ def short_caption(run: dict, records: Optional[list[dict]] = None) -> str:
         f"{_params(run, records, 2)} params ({m['n_layers']}L, d{m['d_model']}, {m['n_heads']}H), "
         f"train len {t['train_len']}, {t['steps']} steps x {t['batch_size']}; seeds "
         f"{','.join(map(str, cfg['seeds']))}\n{scored}; "
-        f"{_every(run, records, 'device', '')}; {_every(run, records, 'git_commit', 'commit', _short_commit)}"
+        f"{_every(run, records, 'device', '')}; {_every(run, records, 'git_commit', 'commit', short_commit)}"
     )

@@ -44,6 +44,7 @@ def test_needles_on_a_hugging_face_model_every_row_resumes_and_draws_heat_maps(l
         "needles-hf-tiny-llama+rerope.png", "needles-hf-tiny-llama+yarn.png", "needles-hf-tiny-llama.png"]
     md = (out / "needles.md").read_text()
     assert re.search(r"\| hf:tiny-llama\+yarn +\| [\d.]+% +\| [\d.]+% +\| ", md) and "effective length" in md
+    assert re.search(r"; commit [0-9a-f]{12}(-dirty)?; device cpu:.+; with torch 2\.13\.0", md.splitlines()[0])
     assert main(argv) == 0  # resumed: every row kept, the same file
     assert capsys.readouterr().out.count("done before, kept") == 3
     assert json.loads((out / "needles.json").read_text())["rows"] == data["rows"]

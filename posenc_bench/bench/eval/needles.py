@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Protocol, Sequence
@@ -50,6 +51,7 @@ from posenc_bench.bench.eval.passkey import PasskeyLM
 from posenc_bench.bench.eval.progress import RowProgress
 from posenc_bench.bench.keys import ident_hash
 from posenc_bench.bench.records import measured_needles, needle_record, not_measured
+from posenc_bench.env import device_description, every_value, made_where, short_commit
 from posenc_bench.errors import ConfigError, PosencError
 
 VARIANTS = {"multikey": "niah_multikey_1", "multivalue": "niah_multivalue", "multiquery": "niah_multiquery"}
@@ -264,7 +266,16 @@ class Sweep:
         return {"row": lm.name, "scaling": scaling, "records": records}
 
     def _length(self, lm: RetrievalLM, L: int, log: Callable[[str], None]) -> list[dict]:
-        """The row's records at prompt length ``L``: one per (variant, depth)."""
+        """The row's records at prompt length ``L``: one per (variant, depth), each with where it was made (the
+        commit, device and versions: a row's lengths can come from sittings on other machines) and the wall
+        seconds of the whole length (``length_time_s``, every variant's haystacks)."""
+        start = time.perf_counter()
+        records = self._measure(lm, L, log)
+        where = {**made_where(), "device": device_description(lm.device),
+                 "length_time_s": round(time.perf_counter() - start, 3)}
+        return [{**r, **where} for r in records]
+
+    def _measure(self, lm: RetrievalLM, L: int, log: Callable[[str], None]) -> list[dict]:
         try:
             lm.set_length(L)
         except PosencError as e:
@@ -383,6 +394,19 @@ def effective_length(records: list[dict], threshold: float = RULER_THRESHOLD) ->
     return best
 
 
+def made(rows: list[dict]) -> str:
+    """"; commit X; device Y; torch ..., transformers ...", or every commit and device with its rows where a
+    folder's rows (or lengths) were made in sittings at other commits or on other machines; "" for records
+    made before they carried it."""
+    def pairs(field: str, short) -> list[tuple[str, str]]:
+        return [(row["row"], short(r[field])) for row in rows for r in row["records"] if r.get(field)]
+
+    libs = pairs("versions", lambda v: f"torch {v['torch']}, transformers {v.get('transformers')}")
+    return "".join(f"; {every_value(p, word, plural=plural)}" for p, word, plural in (
+        (pairs("git_commit", short_commit), "commit", ""), (pairs("device", str), "device", ""), (libs, "with", "with"))
+        if p)
+
+
 def markdown(result: dict) -> str:
     """The summary (accuracy by length and effective length per row), then each row's needles by depth."""
     from tabulate import tabulate
@@ -401,7 +425,7 @@ def markdown(result: dict) -> str:
                 eff(row["effective_length"])] for row in rows]
     text = (f"Multi-needle retrieval (RULER's {', '.join(result['variants'])}), {result['model']} (train length {T}): "
             f"{result['trials']} haystack(s) of {result['haystack'].get('source', 'text')} per variant and length, "
-            f"one needle per depth {', '.join(f'{d:g}' for d in result['depths'])}\n\n"
+            f"one needle per depth {', '.join(f'{d:g}' for d in result['depths'])}{made(rows)}\n\n"
             f"Accuracy (needles retrieved, mean over variants) and effective length (accuracy >= "
             f"{100 * result['threshold']:.3g}%, {result['threshold_rule']}, at that length and every shorter one):\n\n"
             + tabulate(summary, headers=["row", *heads, "effective length"], tablefmt="github", disable_numparse=True)

@@ -40,6 +40,7 @@ class PasskeyLM(Protocol):
 
     name: str
     train_len: int
+    device: torch.device  # where its numbers are computed (a record's ``device``)
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -196,6 +197,7 @@ class HFPasskeyLM:
             raise ConfigError(self.hf.rope_problem())
         self.base_name = f"hf:{spec.name}"
         self.name = self.base_name + (f"+{rope_scaling}" if rope_scaling else "")
+        self.device = self.hf.device
         self._stack = contextlib.ExitStack()
         self._posenc = None  # a fix's attention (hf/attention.Rerouted) at the length set, or None
         self._cache, self._held = None, 0  # the prefilled KV cache and how many tokens it holds

@@ -12,6 +12,7 @@ import torch
 from posenc_bench.bench.eval import needles
 from posenc_bench.bench.eval.needles import HaystackText, Sweep, build_trial
 from posenc_bench.bench.records import measured_needles, needle_record, not_measured
+from posenc_bench.env import cpu_name, git_commit, versions
 from posenc_bench.errors import ConfigError, PositionOutOfRange
 
 PLACES, DEEDS = ("the harbor town", "the capital", "the old mill", "the county seat", "the river valley"), (
@@ -22,12 +23,18 @@ PROSE = HaystackText([f" The {who} of {where} {deed}{end}" for who in ("committe
 NEEDLE_RE = re.compile(r"One of the special magic numbers for ([a-z]+-[a-z]+) is: (\d{7})\.")
 
 
+def measured(row: dict) -> dict:
+    """A row without its records' wall times, which differ from run to run."""
+    return {**row, "records": [{k: v for k, v in r.items() if k != "length_time_s"} for r in row["records"]]}
+
+
 class NeedleOracle:
     """Bytes in, and the right next answer character out when the needles it needs are within its last
     ``sight`` tokens (else '0'); a KV cache of its own when ``cache`` (prefill keeps the haystack's tokens)."""
 
     name = "oracle"
     train_len = 256
+    device = torch.device("cpu")
 
     def __init__(self, sight=10**9, max_len=10**9, cache=True, colon=False):
         self.sight, self.max_len, self.cache, self.held, self.colon = sight, max_len, cache, None, colon
@@ -137,7 +144,10 @@ def test_a_copying_oracle_gets_every_needle_and_one_that_sees_a_window_misses_th
     assert all(acc[v, 600, d] == 1.0 for v in needles.VARIANTS for d in (0.0, 0.5, 1.0))
     assert acc["multikey", 1200, 0.0] == 0.0 and acc["multikey", 1200, 1.0] == 1.0
     assert near["effective_length"] == 600 and near["effective_by_variant"]["multikey"] == 600
-    assert row(NeedleOracle(sight=700)) == near  # the same haystacks every time
+    assert measured(row(NeedleOracle(sight=700))) == measured(near)  # the same haystacks every time
+    assert {r["device"] for r in near["records"]} == {"cpu:" + cpu_name(threads=torch.get_num_threads())}
+    assert {r["git_commit"] for r in near["records"]} == {git_commit()} and near["records"][0]["versions"] == versions()
+    assert len({r["length_time_s"] for r in near["records"] if r["length"] == 600}) == 1  # the length's wall time
     cut = row(NeedleOracle(max_len=1000))
     assert {r["status"] for r in cut["records"] if r["length"] == 1200} == {"n/a"} and cut["effective_length"] == 600
 
@@ -175,7 +185,8 @@ def test_a_row_stopped_part_way_resumes_at_its_next_length(tmp_path):
     resumed, log = StoppedAt(None, sight=700), []
     result = needles.needle_sweep(resumed, sweep, log=log.append, folder=tmp_path)
     assert resumed.lengths == [1200] and "  oracle L=600: done before, kept" in log
-    assert result["rows"] == whole["rows"] and not (tmp_path / needles.PARTIAL).exists()
+    assert [measured(r) for r in result["rows"]] == [measured(r) for r in whole["rows"]]
+    assert not (tmp_path / needles.PARTIAL).exists()
 
 
 def test_one_prefill_per_haystack_and_the_whole_prompt_per_question_without_a_cache():
@@ -273,3 +284,18 @@ def test_heat_maps_and_the_table(tmp_path):
     assert re.search(r"\| oracle +\| 100.0% +\| n/a +\| 600 \(2.34375x\) +\|", table)
     assert re.search(r"\| oracle\+wide +\| 100.0% +\| 25.0% +\| 600 \(2.34375x\) +\|", table)
     assert re.search(r"\| multikey +\| 0 +\| 1/1 +\| n/a +\|", table)
+
+
+def test_the_summary_names_every_commit_and_device_with_its_rows():
+    """A folder made in sittings: rows (or a row's lengths) from other commits or machines are each named with
+    their rows, as a results table's caption does; records from before the fields existed add nothing."""
+    def rec(commit, device, torch_version="2.13.0+cpu"):
+        return {**needle_record("multikey", 600, 256, 0.0), "git_commit": commit, "device": device,
+                "versions": {"torch": torch_version, "transformers": "5.25.0"}}
+
+    rows = [{"row": "m", "records": [rec("a" * 40, "cpu:A")]},
+            {"row": "m+yarn", "records": [rec("a" * 40, "cpu:A"), rec("b" * 40 + "-dirty", "cpu:B")]}]
+    assert needles.made(rows) == (f"; commits {'a' * 12} (m, m+yarn); {'b' * 12}-dirty (m+yarn); devices cpu:A "
+                                  "(m, m+yarn); cpu:B (m+yarn); with torch 2.13.0+cpu, transformers 5.25.0")
+    assert needles.made(rows[:1]) == f"; commit {'a' * 12}; device cpu:A; with torch 2.13.0+cpu, transformers 5.25.0"
+    assert needles.made([{"row": "m", "records": [needle_record("multikey", 600, 256, 0.0)]}]) == ""
