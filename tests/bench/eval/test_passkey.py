@@ -98,6 +98,7 @@ def test_passkey_cli_on_a_trained_checkpoint(tmp_path, capsys):
     data = json.loads((tmp_path / "pk" / "passkey.json").read_text())
     assert data["train_len"] == 256 and {r["length"] for r in data["records"]} == {256, 512}
     assert data["checkpoint"]["encoding"] == "rope-yarn" and len(data["records"]) == 10
+    assert data["device"].startswith("cpu:") and data["git_commit"] and data["versions"]["torch"]  # where it ran
     assert all(r["status"] == "ok" and r["trials"] == 1 for r in data["records"])
     assert "Effective context" in (tmp_path / "pk" / "passkey.md").read_text()
     assert main(["passkey", "--model", str(ckpt / "learned-seed0"), "--lengths", "1,2x", "--trials", "1"]) == 0
