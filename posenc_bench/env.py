@@ -90,10 +90,11 @@ def every_value(pairs: Iterable[tuple[str, str]], word: str, default: str = "?",
     return f"{plural or word + 's'} " + "; ".join(f"{v} ({', '.join(rows)})" for v, rows in by_value.items())
 
 
-def made_where() -> dict:
-    """The fields that say where and with what a number was made, for records built outside ``new_record`` (the
-    retrieval tests'): the code's commit (with "-dirty"), the package versions; the device is the caller's."""
-    return {"git_commit": git_commit(), "versions": versions()}
+def made_where(device: Optional[torch.device] = None) -> dict:
+    """The fields that say where and with what a number was made, for results built outside ``run_meta`` (the
+    retrieval tests'): the code's commit (with "-dirty"), the package versions and, given one, the device."""
+    return {"git_commit": git_commit(), "versions": versions(),
+            **({"device": device_description(device)} if device is not None else {})}
 
 
 def versions() -> dict:

@@ -51,7 +51,7 @@ def cmd(args: argparse.Namespace) -> int:
     from posenc_bench.bench.eval import needles, passkey
     from posenc_bench.bench.eval.scalings import parse_scalings, require_hf
     from posenc_bench.bench.records import ResultsFolder
-    from posenc_bench.env import git_commit, versions
+    from posenc_bench.env import made_where
     from posenc_bench.errors import PosencError
     from posenc_bench.files import RUNS
 
@@ -71,7 +71,7 @@ def cmd(args: argparse.Namespace) -> int:
                           seed=args.seed, threshold=threshold)
     slug = re.sub(r"[^\w.-]+", "-", lm.name.split("/")[-1].split(" ")[0]).strip("-") or "model"
     out = Path(args.out or f"{RUNS}/needles-{slug}")
-    meta = {"versions": versions(), "git_commit": git_commit()}
+    meta = made_where()
     print(f"posenc-bench needles: {lm.name}, train length {lm.train_len}; lengths {list(sweep.lengths)}; "
           f"{', '.join(variants)}; {len(scalings)} zero-shot row(s); haystack {args.data} ({args.split}); out {out}")
     with ResultsFolder(out, "needles.json"):  # one writer at a time

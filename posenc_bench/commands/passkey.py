@@ -51,7 +51,7 @@ def parse_depths(value: str) -> list[float]:
 
 def cmd(args: argparse.Namespace) -> int:
     from posenc_bench.bench.eval import passkey
-    from posenc_bench.env import device_description, git_commit, versions
+    from posenc_bench.env import made_where
 
     lm = passkey.load_lm(args.model, encoding=args.encoding, rope_scaling=args.rope_scaling, device=args.device,
                          trust_remote_code=args.trust_remote_code, train_len=args.train_len)
@@ -62,7 +62,6 @@ def cmd(args: argparse.Namespace) -> int:
     print(text, end="")
     if args.out:
         js, md = passkey.write(result, args.out, {"checkpoint": getattr(lm, "checkpoint_meta", None),
-                                                 "versions": versions(), "git_commit": git_commit(),
-                                                 "device": device_description(lm.device)})
+                                                 **made_where(lm.device)})
         print(f"wrote {js} and {md}")
     return 0

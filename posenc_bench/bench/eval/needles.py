@@ -51,7 +51,7 @@ from posenc_bench.bench.eval.passkey import PasskeyLM
 from posenc_bench.bench.eval.progress import RowProgress
 from posenc_bench.bench.keys import ident_hash
 from posenc_bench.bench.records import measured_needles, needle_record, not_measured
-from posenc_bench.env import device_description, every_value, made_where, short_commit
+from posenc_bench.env import every_value, made_where, short_commit
 from posenc_bench.errors import ConfigError, PosencError
 
 VARIANTS = {"multikey": "niah_multikey_1", "multivalue": "niah_multivalue", "multiquery": "niah_multiquery"}
@@ -271,8 +271,7 @@ class Sweep:
         seconds of the whole length (``length_time_s``, every variant's haystacks)."""
         start = time.perf_counter()
         records = self._measure(lm, L, log)
-        where = {**made_where(), "device": device_description(lm.device),
-                 "length_time_s": round(time.perf_counter() - start, 3)}
+        where = {**made_where(lm.device), "length_time_s": round(time.perf_counter() - start, 3)}
         return [{**r, **where} for r in records]
 
     def _measure(self, lm: RetrievalLM, L: int, log: Callable[[str], None]) -> list[dict]:
