@@ -237,7 +237,7 @@ def compare_table(runs: Sequence[Run], ref: str, intervals: dict[str, Intervals]
         i = c.estimate.interval(ci, c.bounds)  # the table's level: the mark says what survives the correction
         lo, hi = (i.lo, i.hi) if i is not None else (None, None)
         note = "*" if c.significant else ""
-        if c.estimate.declined and row != ref:  # no interval: the footnote says why
+        if not c.significant and c.estimate.declined and row != ref:  # no interval: the footnote says why
             note = notes.setdefault(c.estimate.declined, f"[{len(notes) + 1}]")
         table.cells[row, j] = Cell("ok", c.value, lo=lo, hi=hi, significant=c.significant, note=note,
                                    checkpoint=c.level == CHECKPOINT)
