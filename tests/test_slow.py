@@ -31,11 +31,11 @@ AVX2_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "MKL_ENABLE_I
 def test_committed_default_rows_retrain_to_their_numbers(tmp_path):
     """Two cheap rows of results/default (alibi and nope, seed 0), trained again from step 0 with the folder's
     own config on the current code, give the committed numbers to 1e-3 relative. Two shards run side by side
-    at the config's one thread each, with the AVX2 kernels, as the committed run did. On the machine that made
-    the records (an AMD EPYC) they are bitwise equal; on an Intel Xeon with the same pin, alibi is within 6e-7
-    and nope within 7e-5. Not rope: the pinned AVX2 code still rounds differently on the two vendors' CPUs, and
-    rope's ppl past the train length amplifies that (seed 0 at 4x: 7.5886 on the Xeon against 7.6098, 2.8e-3;
-    1x 5.6e-4; final train loss 1.7e-4)."""
+    at the config's one thread each, with the AVX2 kernels, as the committed run did. The records were made on an
+    Intel Xeon (469bebf); the AMD EPYC that made the folder's earlier version, with the same pin and cell keys,
+    gave alibi within 5.1e-7 and nope within 6.2e-5 of them. Not rope: the pinned AVX2 code still rounds
+    differently on the two vendors' CPUs, and rope's ppl past the train length amplifies that (seed 0 at 4x:
+    7.5886 on the Xeon against 7.6098 on the EPYC, 2.8e-3; 1x 5.6e-4)."""
     import os
     import subprocess
     import sys
