@@ -3,6 +3,7 @@ checkpoints retrained or refused, keys that hold only what a cell depends on."""
 
 import contextlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -238,13 +239,26 @@ def test_key_tokens_are_the_evaluators_for_every_row_and_kept_in_the_folder(tmp_
     again = {(r["encoding"], r["eval_len"]): r for r in json.loads((out / "results.json").read_text())["records"]}
     assert again["alibi", 64]["units"]["key_tokens"] == counts
 
+    # a later sweep of the same table (seed 1 only) names the same evaluator, rope seed 0, and takes its key tokens
+    # from the first sweep's folder: the evaluator is not trained again, and the targets are the same
+    later = tmp_path / "seed-1"
+    later.mkdir()
+    shutil.copy(out / KEY_TOKENS_FILE, later / KEY_TOKENS_FILE)
+    assert run(later, "--encodings", "nope", "--seeds", "1,", "--eval-lens", "1,2x", *keys,
+               "--set", "eval.key_tokens.seed=0") == 0
+    log = capsys.readouterr().out
+    assert "key tokens: the evaluator" not in log and "rope seed 0" not in log
+    seed1 = {(r["encoding"], r["eval_len"]): r for r in json.loads((later / "results.json").read_text())["records"]}
+    assert seed1["nope", 64]["seed"] == 1 and seed1["nope", 64]["units"]["key_tokens"] == counts
+    assert seed1["nope", 64]["eval_key"] == again["nope", 64]["eval_key"]  # one key-token rule and evaluator model
+
 
 
 def test_key_tokens_refuse_a_bad_evaluator_or_seed(tmp_path, capsys):
     assert run(tmp_path / "a", "--set", "eval.key_tokens.evaluator=ropee") == 2
     assert "ropee" in capsys.readouterr().err
-    assert run(tmp_path / "b", "--set", "eval.key_tokens.evaluator=rope", "--set", "eval.key_tokens.seed=5") == 2
-    assert "eval.key_tokens.seed 5 is not a seed of this run; valid: 0" in capsys.readouterr().err
+    assert run(tmp_path / "b", "--set", "eval.key_tokens.evaluator=rope", "--set", "eval.key_tokens.seed=-1") == 2
+    assert "eval.key_tokens.seed -1: a seed is 0 or more" in capsys.readouterr().err
     assert run(tmp_path / "c", "--set", "eval.key_tokens.evaluator=rope",
                "--set", "eval.key_tokens.short_context=short") == 2
     assert "valid: train, longppl" in capsys.readouterr().err
