@@ -129,7 +129,8 @@ TASKS = ["tasks/copy", "tasks/reverse", "tasks/needle", "tasks/addition", "tasks
 ROBUSTNESS = ["robustness/bpe-4096", "robustness/large", "robustness/bpe-4096-large"]  # each setting's folder of results/robustness
 
 
-@pytest.mark.parametrize("name", ["default", "full", "sotu-512", "sotu-512-full", "smollm2", *TASKS, *ROBUSTNESS])
+@pytest.mark.parametrize("name", ["default", "full", "sotu-512", "sotu-512-full", "smollm2", "timing-gpu/smollm2", *TASKS,
+                                  *ROBUSTNESS])
 def test_committed_table_md_is_what_report_builds(name):
     folder = ROOT / "results" / name
     assert (folder / "table.md").read_text() == report.render(load_runs([folder]))
