@@ -236,9 +236,12 @@ def compare_table(runs: Sequence[Run], ref: str, intervals: dict[str, Intervals]
             continue
         i = c.estimate.interval(ci, c.bounds)  # the table's level: the mark says what survives the correction
         lo, hi = (i.lo, i.hi) if i is not None else (None, None)
-        note = "*" if c.significant else ""
-        if not c.significant and c.estimate.declined and row != ref:  # no interval: the footnote says why
+        if c.significant:
+            note = "*"
+        elif c.estimate.declined and row != ref:  # no interval: the footnote says why
             note = notes.setdefault(c.estimate.declined, f"[{len(notes) + 1}]")
+        else:
+            note = ""
         table.cells[row, j] = Cell("ok", c.value, lo=lo, hi=hi, significant=c.significant, note=note,
                                    checkpoint=c.level == CHECKPOINT)
     table.rows = [r for r in rows if any(table.cells[r, j].status == "ok" for j in range(len(columns)))]

@@ -253,7 +253,6 @@ def test_key_tokens_are_the_evaluators_for_every_row_and_kept_in_the_folder(tmp_
     assert seed1["nope", 64]["eval_key"] == again["nope", 64]["eval_key"]  # one key-token rule and evaluator model
 
 
-
 def test_key_tokens_refuse_a_bad_evaluator_or_seed(tmp_path, capsys):
     assert run(tmp_path / "a", "--set", "eval.key_tokens.evaluator=ropee") == 2
     assert "ropee" in capsys.readouterr().err
