@@ -102,13 +102,15 @@ class Page:
 
 STEP_PROBE = ("sotu-512/step-probe/600-steps",
               *(f"sotu-512/step-probe/1600-steps/{row}-seed{s}" for row in ("sinusoidal", "learned") for s in range(3)))
+FAIRNESS = tuple(f"default/fairness-valid/{p}" for p in (
+    *(f"lr-{lr}{v}" for lr in ("1e-3", "3e-3", "6e-3") for v in ("", "-literal")),
+    "scale-xtransformers", "scale-rms", "budget-1600"))
 TASKS = ("tasks/copy", "tasks/reverse", "tasks/needle", "tasks/addition", "tasks/addition-hints", "tasks/copy-full")
 ROBUSTNESS = ("sotu-512", "robustness/bpe-4096", "robustness/large", "robustness/bpe-4096-large")
 NOT_COMMITTED = "not committed"
 
 PAGES = [
-    Page("results/default/README.md", ("default",), skip=(
-        ("## Fairness at the train length", "probes at 6ff6b7b (scales, learning rates, budgets), " + NOT_COMMITTED),
+    Page("results/default/README.md", ("default",), probes=FAIRNESS, skip=(
         ("## Earlier measurements", "the earlier one-seed table and its checkpoints, as its heading says"),
     ), allow=(
         Allow(("4.742", "7.587", "4.744", "7.610", "2.4%"), r"unpinned",
