@@ -102,9 +102,8 @@ class Page:
 
 STEP_PROBE = ("sotu-512/step-probe/600-steps",
               *(f"sotu-512/step-probe/1600-steps/{row}-seed{s}" for row in ("sinusoidal", "learned") for s in range(3)))
-FAIRNESS = tuple(f"default/fairness-valid/{p}" for p in (
-    *(f"lr-{lr}{v}" for lr in ("1e-3", "3e-3", "6e-3") for v in ("", "-literal")),
-    "scale-xtransformers", "scale-rms", "budget-1600"))
+FAIRNESS = tuple(sorted(str(p.parent.relative_to(ROOT / "results"))  # every run folder of the probe, found
+                        for p in (ROOT / "results/default/fairness-valid").glob("*/results.json")))
 TASKS = ("tasks/copy", "tasks/reverse", "tasks/needle", "tasks/addition", "tasks/addition-hints", "tasks/copy-full")
 ROBUSTNESS = ("sotu-512", "robustness/bpe-4096", "robustness/large", "robustness/bpe-4096-large")
 NOT_COMMITTED = "not committed"
